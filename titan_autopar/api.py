@@ -1,0 +1,171 @@
+"""The public entry points: orchestration only.
+
+`plan_model` runs trace -> regions -> options -> prices -> integer programs -> Plan, logging each
+phase's time and size. The later stages (`apply_plan`, `auto_parallelize`) turn a Plan into a
+running module.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.placement_types import Placement
+
+from titan_autopar.cost.hardware import GiB, get_hardware
+from titan_autopar.cost.memory import Precision
+from titan_autopar.graph.regions import find_regions
+from titan_autopar.graph.trace import trace_joint
+from titan_autopar.plan import Plan, build_plan, fingerprint
+from titan_autopar.solve.descent import DescentStats, descend, initial_assignment, objective_ms
+from titan_autopar.solve.errors import MemoryBudgetError, memory_floor
+from titan_autopar.solve.problem import Problem
+from titan_autopar.solve.recipes import RECIPES, TENSOR, default_input_placements, recipe_placements
+from titan_autopar.strategy.options import OptionBuilder
+
+log = logging.getLogger("titan_autopar")
+
+
+def _mesh_info(mesh: DeviceMesh) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    names = mesh.mesh_dim_names
+    if not names:
+        raise ValueError(
+            "the mesh has no dim names: build it with init_device_mesh(..., mesh_dim_names=(...)) "
+            "so that plans can say what each dim carries"
+        )
+    return tuple(names), tuple(mesh.shape)
+
+
+def _check_placements(what: str, given, tensors, ndim: int) -> None:
+    if len(given) != len(tensors):
+        raise ValueError(f"{what}: {len(given)} given for {len(tensors)} tensors; give one tuple per tensor")
+    for i, pl in enumerate(given):
+        if len(pl) != ndim:
+            raise ValueError(f"{what}[{i}] has {len(pl)} placements; the mesh has {ndim} dims: give one per dim")
+
+
+def plan_model(
+    model: torch.nn.Module,
+    mesh: DeviceMesh,
+    sample_inputs: tuple[torch.Tensor, ...] | torch.Tensor,
+    *,
+    input_placements: list[tuple[Placement, ...]] | None = None,
+    output_placements: list[tuple[Placement, ...]] | None = None,
+    hardware="h100",
+    memory_budget_gib: float | None = None,
+    solver: str = "cbc",
+    time_limit_s: float | None = None,
+    precision: Precision | None = None,
+    progress=None,
+) -> Plan:
+    """Plan `model`'s training step on `mesh`: one placement per parameter and per graph node.
+
+    `sample_inputs` are global-shaped; `input_placements` (default: batch over the data-parallel
+    dims, sequence over cp) and `output_placements` (default: free) pin what enters and leaves.
+    `progress` receives one line per phase (default: the "titan_autopar" logger).
+    """
+    say = progress or log.info
+    hw = get_hardware(hardware)
+    prec = precision or Precision()
+    if solver not in ("cbc", "highs"):
+        raise ValueError(f"unknown solver {solver!r}: use 'cbc' (default) or 'highs'")
+    names, sizes = _mesh_info(mesh)
+    if isinstance(sample_inputs, torch.Tensor):
+        sample_inputs = (sample_inputs,)
+    sample_inputs = tuple(sample_inputs)
+    budget = (memory_budget_gib * GiB) if memory_budget_gib is not None else hw.hbm_bytes
+    phases: dict[str, dict] = {}
+
+    t = time.perf_counter()
+    jg = trace_joint(model, sample_inputs)
+    phases["trace"] = {"seconds": time.perf_counter() - t, "nodes": len(jg.gm.graph.nodes)}
+    say(f"[trace] {phases['trace']['nodes']} nodes in {phases['trace']['seconds']:.2f}s")
+
+    t = time.perf_counter()
+    regions = find_regions(jg)
+    phases["regions"] = {
+        "seconds": time.perf_counter() - t,
+        "classes": {c: len(m) for c, m in regions.classes.items() if len(m) > 1},
+        "representatives": len(set(regions.rep.values())),
+    }
+    say(f"[regions] {phases['regions']['representatives']} representative nodes; shared classes "
+        f"{phases['regions']['classes']}")
+
+    t = time.perf_counter()
+    builder = OptionBuilder(mesh[names[0]])
+    pb = Problem(jg, regions, builder, sizes, hw, prec)
+    n_opts = sum(len(u.options) for u in pb.units)
+    phases["enumerate"] = {"seconds": time.perf_counter() - t, "units": len(pb.units),
+                           "options": n_opts, "edges": len(pb.edges)}
+    say(f"[enumerate] {len(pb.units)} units, {n_opts} single-dim options, {len(pb.edges)} edges "
+        f"in {phases['enumerate']['seconds']:.2f}s")
+
+    # pins: inputs, and the output through the tangent that mirrors it
+    if input_placements is None:
+        input_placements = [default_input_placements(names, x) for x in sample_inputs]
+    _check_placements("input_placements", input_placements, sample_inputs, len(names))
+    for node, pl in zip(jg.input_nodes, input_placements):
+        pb.units[pb.index[node]].pin = tuple(pl)
+    if output_placements is not None:
+        _check_placements("output_placements", output_placements, [None], len(names))
+        pb.units[pb.index[jg.tangent_node]].pin = tuple(output_placements[0])
+    for u in range(len(pb.units)):
+        for m in range(len(sizes)):
+            if not pb.allowed(u, m):
+                raise ValueError(f"pin {pb.units[u].pin} of {pb.units[u].node.name} is not a valid "
+                                 f"placement for a tensor of shape {tuple(pb.units[u].outs[0].shape)}")
+
+    t = time.perf_counter()
+    stats = DescentStats()
+    param_units = {u.param_name: i for i, u in enumerate(pb.units) if u.kind == "param"}
+    shapes = {n: tuple(pb.units[i].outs[0].shape) for n, i in param_units.items()}
+    recipes = [r for r in RECIPES if r != "fsdp_tp" or any(n in TENSOR for n in names)]
+    priced: dict[str, dict] = {}
+    starts = []
+    for r in recipes:
+        pins = recipe_placements(r, shapes, names, sizes)
+        for n, i in param_units.items():
+            pb.units[i].pin = pins[n]
+        say(f"[solve] pricing the {r} recipe")
+        a, _ = descend(pb, initial_assignment(pb), budget_bytes=budget, solver=solver,
+                       time_limit_s=time_limit_s, log=say, stats=stats)
+        for i in param_units.values():
+            pb.units[i].pin = None
+        price = pb.evaluate(a)
+        priced[r] = {"price": price, "objective_ms": objective_ms(price, budget)}
+        starts.append((r, a))
+    # the auto plan starts from the cheapest recipe (so it can only improve on it) and from
+    # replicate-everywhere (so that what emerges owes nothing to the recipes)
+    cheapest = min(range(len(starts)), key=lambda i: priced[starts[i][0]]["objective_ms"])
+    starts = [("replicate", initial_assignment(pb)), starts[cheapest]]
+    best = None
+    for name, a in starts:
+        say(f"[solve] planning from the {name} start")
+        a, _ = descend(pb, a, budget_bytes=budget, solver=solver, time_limit_s=time_limit_s,
+                       log=say, stats=stats)
+        obj = objective_ms(pb.evaluate(a), budget)
+        if best is None or obj < best[1] - 1e-9:
+            best = (a, obj, name)
+    assign, _, start = best
+    phases["solve"] = {"seconds": time.perf_counter() - t, "build_seconds": stats.build_seconds,
+                       "solver_seconds": stats.solve_seconds, "programs": stats.solves,
+                       "max_variables": stats.variables, "max_constraints": stats.constraints}
+    price = pb.evaluate(assign)
+    say(f"[solve] {stats.solves} programs in {phases['solve']['seconds']:.2f}s; predicted step "
+        f"{price.step_time * 1e3:.2f} ms, peak {price.peak_memory / GiB:.2f} GiB (best start: {start})")
+    if price.peak_memory > budget * (1 + 1e-9):
+        floor, top = memory_floor(pb)
+        raise MemoryBudgetError(budget, floor, top)
+
+    t = time.perf_counter()
+    plan = build_plan(
+        pb, assign, price,
+        fingerprint=fingerprint(model, sample_inputs, names, sizes, hw),
+        mesh_names=names, hardware=hw, budget=budget, solver=solver, stats=stats,
+        recipes=priced, fallbacks=dict(builder.fallbacks), opaque=jg.opaque_blocks, start=start,
+    )
+    phases["plan"] = {"seconds": time.perf_counter() - t}
+    plan.timings = phases
+    return plan

@@ -1,0 +1,103 @@
+"""Collective prices on the real topology.
+
+Owns `Topology` (which mesh dims stay inside a node, and the bandwidth/latency each sees) and
+`redistribute_time` / `redistribute_steps`: the collectives that move a tensor from one N-D
+placement to another, priced per mesh dim. A mesh dim whose ranks all sit inside one node uses
+NVLink figures; one that crosses nodes is bound by the inter-node link. Ring-style bandwidth
+terms, a log-depth latency term.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from torch.distributed.tensor import Partial, Replicate, Shard
+from torch.distributed.tensor.placement_types import Placement
+
+from titan_autopar.cost.hardware import Hardware
+
+
+@dataclass(frozen=True)
+class Step:
+    collective: str  # all_gather | all_reduce | reduce_scatter | all_to_all
+    mesh_dim: int
+    bytes: float  # bytes of the tensor as this collective sees it (unsharded on mesh_dim)
+    seconds: float
+
+
+class Topology:
+    def __init__(self, mesh_shape: tuple[int, ...], hw: Hardware):
+        self.sizes = tuple(int(s) for s in mesh_shape)
+        self.hw = hw
+        self.intra: list[bool] = []
+        for i, s in enumerate(self.sizes):
+            stride = math.prod(self.sizes[i + 1 :])
+            self.intra.append(stride * s <= hw.gpus_per_node)
+        self.bandwidth = [hw.intra_node_bandwidth if a else hw.inter_node_bandwidth for a in self.intra]
+        self.latency = [hw.intra_node_latency if a else hw.inter_node_latency for a in self.intra]
+
+    def collective_time(self, kind: str, dim: int, nbytes: float) -> float:
+        k = self.sizes[dim]
+        if k <= 1 or nbytes <= 0:
+            return 0.0
+        bw, lat = self.bandwidth[dim], self.latency[dim] * math.ceil(math.log2(k))
+        frac = (k - 1) / k
+        if kind == "all_reduce":
+            return 2 * lat + 2 * frac * nbytes / bw
+        if kind in ("all_gather", "reduce_scatter"):
+            return lat + frac * nbytes / bw
+        if kind == "all_to_all":
+            return lat + frac * nbytes / k / bw
+        raise ValueError(kind)
+
+
+def transition(src: Placement, dst: Placement) -> str | None:
+    """The collective that turns `src` into `dst` on one mesh dim (None: local or nothing)."""
+    if src == dst:
+        return None
+    if isinstance(dst, Replicate):
+        if isinstance(src, Shard):
+            return "all_gather"
+        if isinstance(src, Partial):
+            return "all_reduce"
+    if isinstance(dst, Shard):
+        if isinstance(src, Replicate):
+            return None  # a local slice
+        if isinstance(src, Partial):
+            return "reduce_scatter"
+        if isinstance(src, Shard):
+            return "all_to_all"
+    if isinstance(dst, Partial):
+        if isinstance(src, Replicate):
+            return None  # zero on all but one rank
+        if isinstance(src, Partial):
+            return None if type(src) is type(dst) else "all_reduce"
+        return "all_gather"
+    return "all_gather"
+
+
+def redistribute_steps(
+    topo: Topology, numel: int, itemsize: int, src: tuple, dst: tuple
+) -> list[Step]:
+    steps = []
+    total = numel * itemsize
+    for i, (s, d) in enumerate(zip(src, dst)):
+        kind = transition(s, d)
+        if kind is None:
+            continue
+        # the collective runs on the smallest view of the tensor: other dims sharded where
+        # either side shards them (slices first, gathers last)
+        shrink = 1
+        for j, (sj, dj) in enumerate(zip(src, dst)):
+            if j != i and (isinstance(sj, Shard) or isinstance(dj, Shard)):
+                shrink *= topo.sizes[j]
+        nbytes = total / shrink
+        steps.append(Step(kind, i, nbytes, topo.collective_time(kind, i, nbytes)))
+    return steps
+
+
+def redistribute_time(topo: Topology, numel: int, itemsize: int, src: tuple, dst: tuple) -> float:
+    if src == dst:
+        return 0.0
+    return sum(s.seconds for s in redistribute_steps(topo, numel, itemsize, src, dst))

@@ -1,0 +1,83 @@
+"""Roofline compute prices of graph nodes.
+
+Owns `node_flops` (matmuls, attention and opaque blocks; 0 for everything else) and
+`compute_time`: the time one rank spends on a node whose work is split `split` ways
+(the product of the mesh dims on which the node's strategy is not all-Replicate), as the larger
+of its FLOPs at `compute_efficiency` of peak and its memory traffic at HBM bandwidth, plus a
+launch floor. Views and other aliasing ops are free.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+import torch.fx as fx
+
+from titan_autopar.cost.hardware import Hardware
+
+aten = torch.ops.aten
+
+FREE_OPS = {
+    aten.view.default, aten._unsafe_view.default, aten.t.default, aten.transpose.int,
+    aten.permute.default, aten.expand.default, aten.detach.default, aten.alias.default,
+    aten.slice.Tensor, aten.select.int, aten.unsqueeze.default, aten.squeeze.dim,
+    aten.squeeze.default, aten.squeeze.dims, aten.view_as_real.default,
+    aten.view_as_complex.default, aten._conj.default, aten.split.Tensor,
+    aten.split_with_sizes.default, aten.unbind.int, aten.as_strided.default,
+    aten.lift_fresh_copy.default, operator.getitem,
+}
+VIEW_OPS = FREE_OPS - {aten.lift_fresh_copy.default, operator.getitem}
+
+
+def _shape(n) -> tuple[int, ...]:
+    v = n.meta.get("val") if isinstance(n, fx.Node) else n
+    return tuple(v.shape) if isinstance(v, torch.Tensor) else ()
+
+
+def node_flops(node: fx.Node) -> float:
+    t = node.target
+    a = node.args
+    if t is aten.mm.default:
+        (m, k), (_, n) = _shape(a[0]), _shape(a[1])
+        return 2.0 * m * k * n
+    if t is aten.addmm.default:
+        (m, k), (_, n) = _shape(a[1]), _shape(a[2])
+        return 2.0 * m * k * n
+    if t is aten.bmm.default:
+        (b, m, k), (_, _, n) = _shape(a[0]), _shape(a[1])
+        return 2.0 * b * m * k * n
+    name = getattr(t, "__name__", str(t))
+    if "scaled_dot_product" in name:
+        causal = bool(node.kwargs.get("is_causal", False))
+        if "backward" in name:
+            q, k = _shape(a[1]), _shape(a[2])
+            causal = causal or (len(a) > 7 and bool(a[7]))
+            mult = 2.5
+        else:
+            q, k = _shape(a[0]), _shape(a[1])
+            causal = causal or (len(a) > 4 and bool(a[4]))
+            mult = 1.0
+        b, h, s, d = q
+        f = 4.0 * b * h * s * k[2] * d * mult
+        return f / 2 if causal else f
+    if "opaque_forward" in name or "opaque_backward" in name:
+        x = _shape(a[1] if "backward" in name else a[0])
+        tokens = math.prod(x[:-1]) if x else 0
+        params = sum(math.prod(_shape(p)) for p in (a[2] if "backward" in name else a[1]))
+        return 2.0 * tokens * params * (2 if "backward" in name else 1)
+    return 0.0
+
+
+def compute_time(
+    node: fx.Node, split: int, local_bytes: float, hw: Hardware, itemsize: int
+) -> float:
+    """One rank's time for `node`: its work split `split` ways and `local_bytes` of traffic."""
+    if node.target in FREE_OPS or node.op != "call_function":
+        return 0.0
+    flops = node_flops(node) / split
+    peak = hw.peak_bf16_flops if itemsize <= 2 else hw.peak_fp32_flops
+    t_flops = flops / (peak * hw.compute_efficiency)
+    t_mem = local_bytes / hw.hbm_bandwidth
+    return hw.launch_overhead + max(t_flops, t_mem)

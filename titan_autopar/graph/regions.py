@@ -1,0 +1,99 @@
+"""Identical repeated blocks, found so that one block's decisions serve them all.
+
+Owns `find_regions`: blocks (children of a ModuleList/ModuleDict) whose parameter signature and
+whose traced forward and backward node sequences (op and output shape, in order) are equal form
+one *class*. Every node of such a block maps to the node at the same position in the class's
+first block (its *representative*), and every parameter maps to the representative block's
+parameter of the same relative name. The integer program then has one variable set per
+representative, and its costs are counted once per member.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from titan_autopar.graph.trace import BlockTrace, JointGraph
+
+
+@dataclass
+class Regions:
+    rep: dict[fx.Node, fx.Node]  # every node -> its representative (itself if unshared)
+    count: dict[fx.Node, int]  # representative -> how many nodes it stands for
+    block_of: dict[fx.Node, str]  # representative node -> block class name ("" outside blocks)
+    classes: dict[str, list[str]]  # class name (its first block) -> member block names
+    param_rep: dict[str, str]  # parameter name -> representative parameter name
+
+
+def _node_key(n: fx.Node) -> tuple:
+    val = n.meta.get("val")
+    shape = tuple(val.shape) if isinstance(val, torch.Tensor) else None
+    return (str(n.target), shape)
+
+
+def find_regions(jg: JointGraph) -> Regions:
+    nodes = list(jg.gm.graph.nodes)
+    keys = [_node_key(n) for n in nodes]
+
+    def seq(span: tuple[int, int]) -> list[tuple]:
+        return keys[span[0] : span[1]]
+
+    # group blocks into classes: same signature and identical node sequences
+    classes: dict[str, list[BlockTrace]] = {}
+    for b in jg.blocks:
+        if b.bwd[0] < 0 or b.bwd[1] < 0:
+            classes[b.name] = [b]
+            continue
+        for members in classes.values():
+            first = members[0]
+            if (
+                first.signature == b.signature
+                and first.bwd[0] >= 0
+                and seq(first.fwd) == seq(b.fwd)
+                and seq(first.bwd) == seq(b.bwd)
+            ):
+                members.append(b)
+                break
+        else:
+            classes[b.name] = [b]
+
+    rep = {n: n for n in nodes}
+    block_of: dict[fx.Node, str] = {}
+    param_rep = {p: p for p in jg.param_names}
+    for cname, members in classes.items():
+        first = members[0]
+        for span_name in ("fwd", "bwd"):
+            f0 = getattr(first, span_name)
+            if f0[0] < 0:
+                continue
+            for i in range(f0[0], f0[1]):
+                block_of[nodes[i]] = cname
+            for b in members[1:]:
+                s = getattr(b, span_name)
+                for i in range(s[1] - s[0]):
+                    rep[nodes[s[0] + i]] = nodes[f0[0] + i]
+        prefix0 = first.name + "."
+        for b in members[1:]:
+            prefix = b.name + "."
+            for p in jg.param_names:
+                if p.startswith(prefix):
+                    q = prefix0 + p[len(prefix):]
+                    param_rep[p] = q
+                    rep[jg.param_nodes[p]] = jg.param_nodes[q]
+        for p in jg.param_names:
+            if p.startswith(prefix0):
+                block_of[jg.param_nodes[p]] = cname
+
+    count: dict[fx.Node, int] = defaultdict(int)
+    for n in nodes:
+        count[rep[n]] += 1
+    return Regions(
+        rep=rep,
+        count=dict(count),
+        block_of=block_of,
+        classes={c: [b.name for b in m] for c, m in classes.items()},
+        param_rep=param_rep,
+    )

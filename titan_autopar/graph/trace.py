@@ -1,0 +1,186 @@
+"""Joint forward+backward tracing on fake tensors.
+
+Owns `trace_joint`: it turns a model (on meta, CPU or fake) and global-shaped sample inputs into
+one aten-level FX graph of the training step -- the forward, then the backward that starts from
+the gradient of the model's output (TorchTitan computes the loss outside the model, so that
+gradient enters the graph as a placeholder, the *tangent*). It also records, for every repeated
+block (a child of an `nn.ModuleList` / `nn.ModuleDict`), which node ranges belong to its forward
+and its backward, so that `graph/regions.py` can share one decision among identical blocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
+
+from titan_autopar.graph.opaque import opaque_moe_blocks
+
+
+@dataclass
+class BlockTrace:
+    """Where one repeated block's nodes lie in the traced graph (positions in node order)."""
+
+    name: str  # qualified module name, e.g. "layers.3"
+    signature: str  # class + parameter names/shapes: blocks with equal signatures may share
+    fwd: tuple[int, int] = (-1, -1)
+    bwd: tuple[int, int] = (-1, -1)
+
+
+@dataclass
+class JointGraph:
+    """The traced training step and what each placeholder/output stands for."""
+
+    gm: fx.GraphModule
+    param_names: list[str]
+    buffer_names: list[str]
+    num_inputs: int
+    blocks: list[BlockTrace]
+    opaque_blocks: list[str]
+    output_shape: tuple[int, ...]
+    seconds: float
+    # filled from the graph
+    param_nodes: dict[str, fx.Node] = field(default_factory=dict)
+    buffer_nodes: dict[str, fx.Node] = field(default_factory=dict)
+    input_nodes: list[fx.Node] = field(default_factory=list)
+    tangent_node: fx.Node | None = None
+    output_value: fx.Node | None = None  # the producer of the model output
+    grad_nodes: dict[str, fx.Node | None] = field(default_factory=dict)  # param -> grad producer
+
+
+def _block_containers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """Children of every ModuleList/ModuleDict: the candidates for repeated blocks."""
+    out = []
+    for cname, mod in model.named_modules():
+        if isinstance(mod, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            for child_name, child in mod.named_children():
+                out.append((f"{cname}.{child_name}" if cname else child_name, child))
+    return out
+
+
+def _signature(block: torch.nn.Module) -> str:
+    parts = [type(block).__name__]
+    for n, p in block.named_parameters():
+        parts.append(f"{n}:{tuple(p.shape)}:{p.dtype}")
+    return "|".join(parts)
+
+
+def _graph_len() -> int:
+    mode = get_proxy_mode()
+    return len(mode.tracer.graph.nodes) if mode is not None else -1
+
+
+@contextlib.contextmanager
+def _block_hooks(model: torch.nn.Module, blocks: list[BlockTrace]):
+    """Forward hooks and gradient hooks that note where each block's nodes start and end."""
+    handles = []
+    by_name = {b.name: b for b in blocks}
+    modules = dict(model.named_modules())
+
+    def pre_hook(bt: BlockTrace):
+        def hook(mod, args, kwargs):
+            bt.fwd = (_graph_len(), -1)
+            x = args[0] if args else None
+            if isinstance(x, torch.Tensor) and x.requires_grad:
+                def end_bwd(grad):
+                    bt.bwd = (bt.bwd[0], _graph_len())
+                x.register_hook(end_bwd)
+        return hook
+
+    def post_hook(bt: BlockTrace):
+        def hook(mod, args, kwargs, out):
+            bt.fwd = (bt.fwd[0], _graph_len())
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                def start_bwd(grad):
+                    bt.bwd = (_graph_len(), bt.bwd[1])
+                out.register_hook(start_bwd)
+        return hook
+
+    try:
+        for name, bt in by_name.items():
+            mod = modules[name]
+            handles.append(mod.register_forward_pre_hook(pre_hook(bt), with_kwargs=True))
+            handles.append(mod.register_forward_hook(post_hook(bt), with_kwargs=True))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _fake_like(fake_mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
+    with fake_mode:
+        return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="cpu")
+
+
+def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...]) -> JointGraph:
+    """Trace forward + backward of `model(*sample_inputs)` on fake tensors.
+
+    The graph's placeholders are, in order: parameters, buffers, sample inputs, the tangent (the
+    gradient of the model's output). Its outputs are the model output then one gradient per
+    parameter (None where a parameter gets no gradient).
+    """
+    t0 = time.perf_counter()
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    params = {n: _fake_like(fake_mode, p) for n, p in model.named_parameters()}
+    buffers = {n: _fake_like(fake_mode, b) for n, b in model.named_buffers()}
+    inputs = tuple(_fake_like(fake_mode, x) for x in sample_inputs)
+    for p in params.values():
+        p.requires_grad_(True)
+
+    blocks = [BlockTrace(n, _signature(m)) for n, m in _block_containers(model)]
+    with opaque_moe_blocks(model) as opaque_names:
+        # forward once on fake tensors to learn the output's shape and dtype
+        with fake_mode, torch.no_grad():
+            out = torch.func.functional_call(model, {**params, **buffers}, inputs)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(
+                f"the model returns {type(out).__name__}; the planner needs a model whose forward "
+                "returns one tensor (TorchTitan models return logits)"
+            )
+        tangent = _fake_like(fake_mode, out)
+        pnames = list(params)
+
+        def joint(params, buffers, inputs, tangent):
+            out = torch.func.functional_call(model, {**params, **buffers}, inputs)
+            needs = list(params.values())
+            grads = torch.autograd.grad(out, needs, tangent, allow_unused=True)
+            # a parameter the output does not depend on gets an explicit zero gradient
+            grads = [torch.zeros_like(p) if g is None else g for p, g in zip(needs, grads)]
+            return (out, *grads)
+
+        with _block_hooks(model, blocks):
+            gm = make_fx(joint, tracing_mode="fake", _allow_non_fake_inputs=True)(
+                params, buffers, inputs, tangent
+            )
+    blocks = [b for b in blocks if b.fwd[0] >= 0 and b.fwd[1] >= 0]
+    jg = JointGraph(
+        gm=gm,
+        param_names=pnames,
+        buffer_names=list(buffers),
+        num_inputs=len(inputs),
+        blocks=blocks,
+        opaque_blocks=list(opaque_names),
+        output_shape=tuple(out.shape),
+        seconds=time.perf_counter() - t0,
+    )
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    np_, nb, ni = len(params), len(buffers), len(inputs)
+    if len(placeholders) != np_ + nb + ni + 1:
+        raise RuntimeError(
+            f"traced graph has {len(placeholders)} placeholders, expected {np_ + nb + ni + 1}"
+        )
+    jg.param_nodes = dict(zip(pnames, placeholders[:np_]))
+    jg.buffer_nodes = dict(zip(jg.buffer_names, placeholders[np_ : np_ + nb]))
+    jg.input_nodes = placeholders[np_ + nb : np_ + nb + ni]
+    jg.tangent_node = placeholders[-1]
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    flat = torch.utils._pytree.tree_leaves(output.args[0])
+    jg.output_value = flat[0]
+    grads = flat[1:]
+    jg.grad_nodes = dict(zip(pnames, grads))
+    return jg

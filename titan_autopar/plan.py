@@ -1,0 +1,239 @@
+"""The Plan artifact: what the planner decided, as JSON a person can read, diff and replay.
+
+Owns `Plan` (save/load, the fingerprint check, explain, diff) and `build_plan`, which turns a
+solved assignment into one. Placements are written one string per mesh dim: "R" (replicate),
+"S(d)" (shard tensor dim d), "P" (partial sum). The JSON is canonical: the same inputs give
+byte-identical files (wall-clock timings live in `Plan.timings`, written only on request).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.distributed.tensor import Partial, Replicate, Shard
+
+from titan_autopar.cost.comm import redistribute_steps
+from titan_autopar.cost.hardware import GiB, Hardware
+
+SCHEMA_VERSION = 1
+
+
+def placement_str(p) -> str:
+    if p is None:
+        return "-"
+    if isinstance(p, Shard):
+        return f"S({p.dim})"
+    if isinstance(p, Partial):
+        return "P"
+    if isinstance(p, Replicate):
+        return "R"
+    return repr(p)
+
+
+def parse_placement(s: str):
+    if s == "R":
+        return Replicate()
+    if s == "P":
+        return Partial()
+    if s.startswith("S(") and s.endswith(")"):
+        return Shard(int(s[2:-1]))
+    raise ValueError(f"unknown placement {s!r} in plan (expected R, P or S(d))")
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def fingerprint(model: torch.nn.Module, inputs, names, sizes, hw: Hardware) -> dict:
+    """What a plan is valid for: the model's structure and shapes, the inputs, mesh, hardware."""
+    structure = [(n, type(m).__name__) for n, m in model.named_modules()]
+    params = [(n, list(p.shape), str(p.dtype)) for n, p in model.named_parameters()]
+    buffers = [(n, list(b.shape), str(b.dtype)) for n, b in model.named_buffers()]
+    return {
+        "model": _digest([structure, params, buffers]),
+        "parameters": len(params),
+        "inputs": [[list(x.shape), str(x.dtype)] for x in inputs],
+        "mesh": {"names": list(names), "shape": list(sizes)},
+        "hardware": _digest(hw.as_dict()),
+    }
+
+
+class StalePlanError(ValueError):
+    pass
+
+
+@dataclass
+class Plan:
+    data: dict
+    timings: dict = field(default_factory=dict)
+
+    # -------------------------------------------------------------- persistence
+    def to_json(self, timings: bool = False) -> str:
+        d = dict(self.data)
+        if timings:
+            d["timings"] = self.timings
+        return json.dumps(d, indent=1, sort_keys=True) + "\n"
+
+    def save(self, path, *, timings: bool = False) -> Path:
+        p = Path(path)
+        p.write_text(self.to_json(timings))
+        return p
+
+    @classmethod
+    def load(cls, path) -> "Plan":
+        try:
+            d = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not a plan: not JSON ({e})") from None
+        if not isinstance(d, dict) or "schema_version" not in d:
+            raise ValueError(f"{path} is not a titan_autopar plan (no schema_version)")
+        if d["schema_version"] != SCHEMA_VERSION:
+            raise ValueError(
+                f"{path} has plan schema {d['schema_version']}, this version reads "
+                f"{SCHEMA_VERSION}: replan with `titan-autopar plan`"
+            )
+        timings = d.pop("timings", {})
+        return cls(d, timings)
+
+    # -------------------------------------------------------------- accessors
+    @property
+    def mesh_names(self) -> list[str]:
+        return self.data["mesh"]["names"]
+
+    @property
+    def parameters(self) -> dict[str, list[str]]:
+        return self.data["parameters"]
+
+    def parameter_placements(self, name: str) -> tuple:
+        return tuple(parse_placement(s) for s in self.data["parameters"][name])
+
+    @property
+    def predicted(self) -> dict:
+        return self.data["predicted"]
+
+    def check(self, fp: dict) -> None:
+        """Refuse a plan made for another model, inputs, mesh or hardware, saying what differs."""
+        mine = self.data["fingerprint"]
+        diffs = [
+            f"{k}: plan has {mine.get(k)!r}, now {fp.get(k)!r}"
+            for k in sorted(set(mine) | set(fp))
+            if mine.get(k) != fp.get(k)
+        ]
+        if diffs:
+            raise StalePlanError(
+                "the plan was made for something else and cannot be replayed: "
+                + "; ".join(diffs)
+                + ". Replan (titan-autopar plan, or drop plan_file) for the current model and mesh."
+            )
+
+    # -------------------------------------------------------------- reading
+    def explain(self) -> str:
+        from titan_autopar.explain import explain
+
+        return explain(self)
+
+    def diff(self, other: "Plan") -> str:
+        from titan_autopar.explain import diff
+
+        return diff(self, other)
+
+
+def build_plan(pb, assign, price, *, fingerprint, mesh_names, hardware, budget, solver, stats,
+               recipes, fallbacks, opaque, start) -> Plan:
+    jg, reg = pb.jg, pb.regions
+    names = tuple(mesh_names)
+
+    def pl(tup) -> list[str]:
+        return [placement_str(p) for p in tup]
+
+    params = {}
+    for pname, node in jg.param_nodes.items():
+        u = pb.index[reg.rep[node]]
+        params[pname] = pl(pb.placement(u, assign[u]))
+    nodes = {}
+    for n in jg.gm.graph.nodes:
+        u = pb.index.get(reg.rep[n])
+        if u is None:
+            continue
+        unit = pb.units[u]
+        opts = [unit.options[c] for c in assign[u]]
+        entry = {"op": str(n.target) if n.op == "call_function" else unit.kind,
+                 "out": [pl(tuple(o.out[j] for o in opts)) for j in range(len(unit.outs))]}
+        if unit.kind == "op":
+            entry["in"] = [pl(tuple(o.ins[k] for o in opts)) for k in range(len(unit.ins))]
+        nodes[n.name] = entry
+
+    collectives = []
+    for ei, e in enumerate(pb.edges):
+        src = pb.placement(e.src, assign[e.src], e.out)
+        dst = pb.in_placement(e.dst, assign[e.dst], e.arg)
+        if src == dst:
+            continue
+        t = pb.units[e.src].outs[e.out]
+        from titan_autopar.solve.problem import _itemsize
+
+        steps = redistribute_steps(pb.topo, t.numel(), _itemsize(t, pb.prec), src, dst)
+        for s in steps:
+            collectives.append({
+                "producer": pb.units[e.src].param_name or pb.units[e.src].node.name,
+                "consumer": pb.units[e.dst].param_name or pb.units[e.dst].node.name,
+                "block": pb.units[e.dst].block or pb.units[e.src].block,
+                "kind": "parameter" if e.param_side else "activation",
+                "collective": s.collective,
+                "mesh_dim": names[s.mesh_dim],
+                "bytes": int(s.bytes),
+                "count": e.weight,
+                "seconds_each": round(s.seconds, 9),
+                "from": pl(src),
+                "to": pl(dst),
+            })
+    collectives.sort(key=lambda c: (-c["bytes"] * c["count"], c["producer"], c["consumer"], c["collective"]))
+
+    def price_dict(p) -> dict:
+        return {
+            "step_time_s": round(p.step_time, 9),
+            "compute_s": round(p.compute, 9),
+            "exposed_comm_s": round(p.comm, 9),
+            "total_comm_s": round(p.comm_total, 9),
+            "memory_gib": {k: round(v / GiB, 6) for k, v in p.memory.items()},
+            "peak_memory_gib": round(p.peak_memory / GiB, 6),
+        }
+
+    data = {
+        "schema_version": SCHEMA_VERSION,
+        "fingerprint": fingerprint,
+        "mesh": {"names": list(names), "shape": list(pb.sizes),
+                 "crosses_nodes": [not a for a in pb.topo.intra]},
+        "hardware": hardware.as_dict(),
+        "memory_budget_gib": round(budget / GiB, 6),
+        "predicted": price_dict(price),
+        "recipes": {r: price_dict(v["price"]) for r, v in recipes.items()},
+        "solver": {
+            "name": solver,
+            "method": "per-mesh-dim integer programs, block-coordinate descent",
+            "status": stats.status,
+            "gap": round(stats.gap, 9),
+            "objective_ms": round(price.step_time * 1e3, 6),
+            "programs": stats.solves,
+            "max_variables": stats.variables,
+            "max_constraints": stats.constraints,
+            "best_start": start,
+        },
+        "sizes": {
+            "graph_nodes": len(jg.gm.graph.nodes),
+            "representatives": len(pb.units),
+            "edges": len(pb.edges),
+            "options": sum(len(u.options) for u in pb.units),
+            "shared_blocks": {c: m for c, m in reg.classes.items() if len(m) > 1},
+        },
+        "fallbacks": dict(sorted(fallbacks.items())),
+        "opaque_blocks": list(opaque),
+        "parameters": params,
+        "nodes": nodes,
+        "collectives": collectives,
+    }
+    return Plan(data)

@@ -1,0 +1,52 @@
+"""Errors a person can act on when no plan fits, and the figures they quote.
+
+Owns `MemoryBudgetError` and `memory_floor`: the smallest per-rank memory any placement could
+reach (every parameter and saved activation at its most-sharded valid placement -- memory is a
+sum over units, so the floor is exact for this model of memory) and the largest contributors
+there.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from titan_autopar.cost.hardware import GiB
+from titan_autopar.solve.problem import Problem
+
+
+def memory_floor(pb: Problem, top: int = 5) -> tuple[float, list[tuple[str, float]]]:
+    ndim = len(pb.sizes)
+    total = 0.0
+    parts: list[tuple[str, float]] = []
+    for u, unit in enumerate(pb.units):
+        if unit.kind == "op" and not unit.saved:
+            continue
+        per_dim = [pb.allowed(u, m) for m in range(ndim)]
+        best = None
+        for choice in itertools.product(*per_dim):
+            up = pb.unit_price(u, tuple(choice))
+            if up is None:
+                continue
+            mem = sum(up[1].values())
+            best = mem if best is None else min(best, mem)
+        if best:
+            total += best
+            label = unit.param_name or unit.node.name
+            if unit.weight > 1:
+                label += f" (x{unit.weight})"
+            parts.append((label, best))
+    parts.sort(key=lambda x: -x[1])
+    return total, parts[:top]
+
+
+class MemoryBudgetError(ValueError):
+    def __init__(self, budget: float, floor: float, top: list[tuple[str, float]]):
+        self.budget, self.floor, self.top = budget, floor, top
+        biggest = ", ".join(f"{n} {b / GiB:.2f} GiB" for n, b in top)
+        super().__init__(
+            f"no plan fits a memory budget of {budget / GiB:.2f} GiB per rank: even with every "
+            f"parameter and saved activation at its most-sharded placement a rank needs "
+            f"{floor / GiB:.2f} GiB. Raise memory_budget_gib to at least {floor / GiB:.2f}, use "
+            f"more ranks, or shrink the batch or sequence. Largest contributors at that floor: "
+            f"{biggest}."
+        )

@@ -1,0 +1,266 @@
+"""The integer program for one mesh dimension, every operator at once.
+
+Notation. Units u (representative nodes, weight w_u = how many graph nodes they stand for), each
+with options s in S_u(m): the single-dim strategies u may take on mesh dim m while its choices on
+the other mesh dims stay as in the current assignment. Edges e = (p, i) -> (c, k): output i of p
+feeds input k of c, weight w_e. For an option s, out_i(s) is its placement of output i on dim m
+and in_k(s) the placement it requires of input k. All prices are exact for the full N-D placement
+(the fixed dims plus the candidate on dim m), from `solve/problem.py`:
+  T_u(s)  compute time of u, already times w_u          (cost/compute.py)
+  M_u(s)  memory bytes of u, already times w_u           (cost/memory.py)
+  C_e(a,b) time to redistribute from out placement a to in placement b, times w_e (cost/comm.py)
+
+Variables
+  x[u,s] in {0,1}                         u takes option s                   (`_choice_vars`)
+  y[e,a,b] >= 0                           edge e goes from a to b            (`_edge_terms`)
+  E_g >= 0                                exposed parameter comm of group g  (`_overlap_rows`)
+  X >= 0                                  memory above the budget            (`_memory_row`)
+
+Constraints
+  sum_s x[u,s] = 1                                                 one choice per unit
+  sum_b y[e,a,b] = sum_{s: out_i(s)=a} x[p,s]     for every a      producer agreement
+  sum_a y[e,a,b] = sum_{s: in_k(s)=b} x[c,s]      for every b      consumer agreement
+      (an edge whose producer or consumer has one distinct placement needs no y: its price is
+       linear in the other side's x)
+  E_g >= sum_{e param-side in g} sum_{a,b} C_e(a,b) y[e,a,b] - alpha * sum_{u in g,s} T_u(s) x[u,s]
+      parameter all-gathers and gradient reductions of a block hide behind that block's compute
+      (alpha = Hardware.overlap_efficiency); g is a repeated-block class or the rest of the model
+  sum_{u,s} M_u(s) x[u,s] - X <= budget                            per-rank memory
+
+Objective (milliseconds)
+  min  sum T_u(s) x[u,s] + sum_{e not param-side} C_e(a,b) y[e,a,b] + sum_g E_g
+       + eps * sum_{e param-side} C_e(a,b) y[e,a,b] + P * X
+  with P a penalty (1e6 ms per GiB) large enough that any feasible plan beats any infeasible one,
+  and eps (HIDDEN_COMM_WEIGHT) a small charge for hidden communication -- it still takes link
+  bandwidth and SMs -- that also breaks ties against needless collectives.
+
+Forward/backward agreement is an edge like any other: a parameter's unit takes its gradient as an
+input that must arrive in the parameter's own placement; the tangent's unit takes the model
+output likewise. Pins restrict S_u(m) to the pinned placement.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pulp
+
+from titan_autopar.cost.hardware import GiB
+from titan_autopar.solve.problem import Problem
+
+MEMORY_PENALTY_MS_PER_GIB = 1e6
+HIDDEN_COMM_WEIGHT = 0.02
+
+
+@dataclass
+class DimSolve:
+    assign: list[tuple[int, ...]]
+    status: str
+    objective: float  # ms, including any memory penalty
+    gap: float
+    variables: int
+    constraints: int
+    build_seconds: float
+    solve_seconds: float
+
+
+def _with(choice: tuple[int, ...], m: int, s: int) -> tuple[int, ...]:
+    return choice[:m] + (s,) + choice[m + 1 :]
+
+
+def _choice_vars(pb: Problem, assign, m: int):
+    """Allowed options per unit on dim m and their binaries (None where only one is allowed)."""
+    allowed: list[list[int]] = []
+    xs: list[dict[int, pulp.LpVariable] | None] = []
+    for u in range(len(pb.units)):
+        opts = [s for s in pb.allowed(u, m) if pb.unit_price(u, _with(assign[u], m, s)) is not None]
+        if not opts:
+            opts = [assign[u][m]]
+        allowed.append(opts)
+        if len(opts) == 1:
+            xs.append(None)
+        else:
+            xs.append({s: pulp.LpVariable(f"x_{u}_{s}", cat="Binary") for s in opts})
+    return allowed, xs
+
+
+def _lin(xs, u: int, coeffs: dict[int, float]):
+    """sum_s coeffs[s] * x[u,s] as (expression terms, constant)."""
+    if xs[u] is None:
+        (s, c), = coeffs.items()
+        return [], c
+    return [(xs[u][s], c) for s, c in coeffs.items() if c], 0.0
+
+
+def solve_dim(
+    pb: Problem,
+    assign: list[tuple[int, ...]],
+    m: int,
+    *,
+    budget_bytes: float,
+    solver: str = "cbc",
+    time_limit_s: float | None = None,
+) -> DimSolve:
+    t0 = time.perf_counter()
+    ms = 1e3
+    prob = pulp.LpProblem(f"dim{m}", pulp.LpMinimize)
+    allowed, xs = _choice_vars(pb, assign, m)
+    objective: list = []
+    const = 0.0
+    n_cons = 0
+    # one choice per unit; compute and memory
+    group_compute: dict[str, list] = {}
+    group_compute_const: dict[str, float] = {}
+    mem_terms: list = []
+    mem_const = 0.0
+    for u, opts in enumerate(allowed):
+        if xs[u] is not None:
+            prob += pulp.lpSum(xs[u].values()) == 1
+            n_cons += 1
+        comp = {}
+        mem = {}
+        for s in opts:
+            c, mm = pb.unit_price(u, _with(assign[u], m, s))
+            comp[s] = c * ms
+            mem[s] = sum(mm.values()) / GiB
+        terms, k = _lin(xs, u, comp)
+        objective += terms
+        const += k
+        g = pb.units[u].block
+        group_compute.setdefault(g, []).extend(terms)
+        group_compute_const[g] = group_compute_const.get(g, 0.0) + k
+        terms, k = _lin(xs, u, mem)
+        mem_terms += terms
+        mem_const += k
+
+    # edges
+    group_param: dict[str, list] = {}
+    group_param_const: dict[str, float] = {}
+    n_y = 0
+    for ei, e in enumerate(pb.edges):
+        p, c = e.src, e.dst
+        src_of = {s: pb.placement(p, _with(assign[p], m, s), e.out) for s in allowed[p]}
+        dst_of = {s: pb.in_placement(c, _with(assign[c], m, s), e.arg) for s in allowed[c]}
+        A = sorted(set(src_of.values()), key=repr)
+        B = sorted(set(dst_of.values()), key=repr)
+        if e.param_side:
+            g = pb.edge_group(e)
+            sink = group_param.setdefault(g, [])
+        else:
+            sink = objective
+        added_const = 0.0
+        if len(A) == 1 or len(B) == 1:
+            if len(A) == 1 and len(B) == 1:
+                added_const = pb.edge_price(ei, A[0], B[0]) * ms
+            elif len(A) == 1:
+                coeffs = {s: pb.edge_price(ei, A[0], b) * ms for s, b in dst_of.items()}
+                terms, k = _lin(xs, c, coeffs)
+                sink += terms
+                added_const = k
+            else:
+                coeffs = {s: pb.edge_price(ei, a, B[0]) * ms for s, a in src_of.items()}
+                terms, k = _lin(xs, p, coeffs)
+                sink += terms
+                added_const = k
+        else:
+            ys = {}
+            for ai, a in enumerate(A):
+                for bi, b in enumerate(B):
+                    y = pulp.LpVariable(f"y_{ei}_{ai}_{bi}", lowBound=0)
+                    ys[ai, bi] = y
+                    cost = pb.edge_price(ei, a, b) * ms
+                    if cost:
+                        sink.append((y, cost))
+            n_y += len(ys)
+            for ai, a in enumerate(A):
+                prob += pulp.lpSum(ys[ai, bi] for bi in range(len(B))) == pulp.lpSum(
+                    xs[p][s] for s, v in src_of.items() if v == a
+                )
+            for bi, b in enumerate(B):
+                prob += pulp.lpSum(ys[ai, bi] for ai in range(len(A))) == pulp.lpSum(
+                    xs[c][s] for s, v in dst_of.items() if v == b
+                )
+            n_cons += len(A) + len(B)
+        if e.param_side:
+            group_param_const[g] = group_param_const.get(g, 0.0) + added_const
+            const += HIDDEN_COMM_WEIGHT * added_const
+        else:
+            const += added_const
+
+    # overlap of parameter communication with compute, per group
+    alpha = pb.hw.overlap_efficiency
+    n_e = 0
+    for g, terms in group_param.items():
+        if not terms and not group_param_const.get(g):
+            continue
+        eg = pulp.LpVariable(f"E_{n_e}", lowBound=0)
+        n_e += 1
+        objective += [(v, HIDDEN_COMM_WEIGHT * c) for v, c in terms]
+        rhs = pulp.LpAffineExpression(terms) + group_param_const.get(g, 0.0)
+        rhs -= alpha * (pulp.LpAffineExpression(group_compute.get(g, [])) + group_compute_const.get(g, 0.0))
+        prob += eg >= rhs
+        n_cons += 1
+        objective.append((eg, 1.0))
+
+    # memory budget (soft, with a penalty that dominates any step time)
+    excess = pulp.LpVariable("memory_excess_gib", lowBound=0)
+    prob += pulp.LpAffineExpression(mem_terms) + mem_const - excess <= budget_bytes / GiB
+    n_cons += 1
+    objective.append((excess, MEMORY_PENALTY_MS_PER_GIB))
+    prob += pulp.LpAffineExpression(objective) + const
+    n_vars = sum(len(x) for x in xs if x) + n_y + n_e + 1
+    build_s = time.perf_counter() - t0
+
+    t1 = time.perf_counter()
+    # the relaxation of this program is usually integral: try the LP first, branch only if not
+    prob.solve(_solver(solver, time_limit_s, mip=False))
+    if prob.status == pulp.LpStatusOptimal and not _integral(xs):
+        prob.solve(_solver(solver, time_limit_s))
+    if prob.status != pulp.LpStatusOptimal:
+        raise RuntimeError(
+            f"the integer program for mesh dim {m} ended {pulp.LpStatus[prob.status]}; "
+            "this is a bug, please report it with the plan command you ran"
+        )
+
+    new = list(assign)
+    for u, opts in enumerate(allowed):
+        if xs[u] is None:
+            s = opts[0]
+        else:
+            vals = {s: (v.value() or 0.0) for s, v in xs[u].items()}
+            s = max(sorted(vals), key=lambda k: vals[k])
+        new[u] = _with(assign[u], m, s)
+    obj = float(pulp.value(prob.objective) or 0.0)
+    status, gap = "optimal", 0.0
+    if prob.sol_status != pulp.LpSolutionOptimal:
+        status, gap = "time_limit", _relaxation_gap(prob, obj, solver)
+    solve_s = time.perf_counter() - t1
+    return DimSolve(new, status, obj, gap, n_vars, n_cons, build_s, solve_s)
+
+
+def _integral(xs) -> bool:
+    return all(
+        abs(v.value() - round(v.value())) < 1e-6
+        for x in xs if x for v in x.values() if v.value() is not None
+    )
+
+
+def _solver(name: str, time_limit_s: float | None, mip: bool = True):
+    if name == "cbc":
+        return pulp.PULP_CBC_CMD(msg=False, threads=1, timeLimit=time_limit_s, mip=mip)
+    if name == "highs":
+        if "HiGHS" not in pulp.listSolvers(onlyAvailable=True):
+            raise ValueError("solver='highs' needs the highspy package: pip install highspy")
+        return pulp.HiGHS(msg=False, timeLimit=time_limit_s, threads=1, mip=mip)
+    raise ValueError(f"unknown solver {name!r}: use 'cbc' (default) or 'highs'")
+
+
+def _relaxation_gap(prob: pulp.LpProblem, obj: float, solver: str) -> float:
+    """Gap of a time-limited solution against the LP relaxation's bound (an upper bound on the
+    true gap). Call only after the solution has been read: it overwrites variable values."""
+    for v in prob.variables():
+        v.cat = pulp.LpContinuous
+    prob.solve(_solver(solver, None))
+    bound = float(pulp.value(prob.objective) or 0.0)
+    return max(0.0, (obj - bound) / abs(obj)) if obj else 0.0

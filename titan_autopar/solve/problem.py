@@ -1,0 +1,329 @@
+"""The planning problem: decision units, their options, the edges between them, and exact prices.
+
+Owns `Problem`, built from the traced graph, its regions and the option lists. A *unit* is a
+representative node (one per class of identical nodes across repeated blocks); its `weight` is how
+many graph nodes it stands for. An *edge* is a (producer output -> consumer input) pair between
+units, with the number of graph edges it stands for. A full assignment gives each unit one option
+per mesh dim; `unit_price`, `edge_price` and `evaluate` price it exactly, and the per-dim integer
+programs in `solve/ilp.py` use the same functions, so what the solver optimises is what the plan
+predicts.
+
+Ties that are not ordinary data flow are edges too: a parameter's gradient flows into the
+parameter's unit (which requires it in the parameter's own placement: the gradient reduction),
+and the model output flows into the tangent's unit (the output's gradient has the output's
+placement).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+from torch.distributed.tensor import Partial, Replicate, Shard
+from torch.distributed.tensor.placement_types import Placement
+
+from titan_autopar.cost.comm import Topology, redistribute_time
+from titan_autopar.cost.compute import VIEW_OPS, compute_time
+from titan_autopar.cost.hardware import GiB, Hardware
+from titan_autopar.cost.memory import Precision, backward_nodes, saved_activations
+from titan_autopar.graph.regions import Regions
+from titan_autopar.graph.trace import JointGraph
+from titan_autopar.strategy.options import Option, OptionBuilder, resolve, tensor_inputs
+
+MEMORY_KINDS = ("parameters", "gradients", "optimizer", "activations")
+
+
+@dataclass
+class Unit:
+    node: fx.Node
+    kind: str  # param | buffer | input | tangent | op
+    options: list[Option]
+    weight: int
+    outs: list[torch.Tensor | None]
+    ins: list[torch.Tensor]
+    block: str = ""
+    saved: tuple[int, ...] = ()
+    pin: tuple[Placement, ...] | None = None  # required N-D placement of output 0
+    param_name: str | None = None
+
+
+@dataclass
+class Edge:
+    src: int
+    out: int
+    dst: int
+    arg: int
+    weight: int
+    param_side: bool  # a parameter all-gather or a gradient reduction: may overlap compute
+
+
+@dataclass
+class Price:
+    compute: float = 0.0
+    comm: float = 0.0  # exposed communication (after overlap)
+    comm_total: float = 0.0
+    comm_param: float = 0.0  # parameter all-gathers and gradient reductions, before overlap
+    memory: dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in MEMORY_KINDS})
+
+    @property
+    def step_time(self) -> float:
+        return self.compute + self.comm
+
+    @property
+    def peak_memory(self) -> float:
+        return sum(self.memory.values())
+
+
+def _itemsize(t: torch.Tensor, prec: Precision) -> int:
+    return prec.activation if t.dtype.is_floating_point or t.dtype.is_complex else t.element_size()
+
+
+def local_numel(t: torch.Tensor, placements: tuple, sizes: tuple[int, ...]) -> int | None:
+    """Elements of one rank's shard, or None if some dim does not split evenly."""
+    shape = list(t.shape)
+    for p, k in zip(placements, sizes):
+        if isinstance(p, Shard) and k > 1:
+            d = p.dim
+            if d >= len(shape) or shape[d] % k:
+                return None
+            shape[d] //= k
+    n = 1
+    for s in shape:
+        n *= s
+    return n * (2 if t.dtype.is_complex else 1)
+
+
+class Problem:
+    def __init__(
+        self,
+        jg: JointGraph,
+        regions: Regions,
+        builder: OptionBuilder,
+        mesh_shape: tuple[int, ...],
+        hw: Hardware,
+        prec: Precision,
+    ):
+        self.jg, self.regions, self.hw, self.prec = jg, regions, hw, prec
+        self.sizes = tuple(mesh_shape)
+        self.topo = Topology(self.sizes, hw)
+        self.units: list[Unit] = []
+        self.index: dict[fx.Node, int] = {}
+        self.edges: list[Edge] = []
+        self._unit_cache: dict[tuple, tuple[float, dict] | None] = {}
+        self._edge_cache: dict[tuple, float] = {}
+        self._build(builder)
+
+    # ------------------------------------------------------------------ building
+    def _build(self, builder: OptionBuilder) -> None:
+        jg, reg = self.jg, self.regions
+        gm = jg.gm
+        param_of = {n: name for name, n in jg.param_nodes.items()}
+        inputs = set(jg.input_nodes)
+        bwd = backward_nodes(gm, jg.tangent_node)
+        saved: dict[fx.Node, set[int]] = {}
+        for s in saved_activations(gm, bwd):
+            p, i = resolve(s)
+            saved.setdefault(p, set()).add(i)
+
+        def add(node: fx.Node, kind: str, options, outs, ins, **kw) -> None:
+            self.index[node] = len(self.units)
+            self.units.append(
+                Unit(node, kind, options, reg.count.get(node, 1), outs, ins,
+                     block=reg.block_of.get(node, ""), **kw)
+            )
+
+        for n in gm.graph.nodes:
+            if reg.rep[n] is not n:
+                continue
+            val = n.meta.get("val")
+            if n.op == "placeholder":
+                if n in param_of:
+                    add(n, "param", builder.tensor_options(val, with_grad=True), [val], [val],
+                        param_name=param_of[n])
+                elif n is jg.tangent_node:
+                    add(n, "tangent", builder.tensor_options(val, with_grad=True), [val], [val])
+                elif n in inputs:
+                    add(n, "input", builder.tensor_options(val), [val], [])
+                else:
+                    add(n, "buffer", builder.tensor_options(val), [val], [])
+            elif n.op == "call_function" and n.target is not operator.getitem:
+                if isinstance(val, torch.Tensor) or (
+                    isinstance(val, (tuple, list)) and any(isinstance(v, torch.Tensor) for v in val)
+                ):
+                    opts, _ = builder.options(n)
+                    from titan_autopar.strategy.options import output_metas
+
+                    ins = [_v(p, i) for p, i in tensor_inputs(n)]
+                    add(n, "op", opts, output_metas(n), ins, saved=tuple(sorted(saved.get(n, ()))))
+
+        # param-side values: parameters and views of them; gradients and views feeding them
+        param_derived: set[fx.Node] = set(param_of)
+        for n in gm.graph.nodes:
+            if n.op == "call_function" and n.target in VIEW_OPS and n.args and n.args[0] in param_derived:
+                param_derived.add(n)
+        grad_side: set[fx.Node] = set()
+        for g in jg.grad_nodes.values():
+            while isinstance(g, fx.Node) and g.op == "call_function" and g.target in VIEW_OPS:
+                grad_side.add(g)
+                g = g.args[0]
+
+        counts: dict[tuple, int] = {}
+        flags: dict[tuple, bool] = {}
+
+        def link(p: fx.Node, i: int, c_unit: int, k: int, param_side: bool) -> None:
+            pu = self.index.get(reg.rep[p])
+            if pu is None or pu == c_unit:
+                return
+            key = (pu, i, c_unit, k)
+            counts[key] = counts.get(key, 0) + 1
+            flags[key] = param_side
+
+        for n in gm.graph.nodes:
+            if n.op != "call_function" or n.target is operator.getitem:
+                continue
+            cu = self.index.get(reg.rep[n])
+            if cu is None:
+                continue
+            for k, (p, i) in enumerate(tensor_inputs(n)):
+                link(p, i, cu, k, p in param_derived or n in grad_side)
+        for name, g in jg.grad_nodes.items():
+            if isinstance(g, fx.Node):
+                p, i = resolve(g)
+                link(p, i, self.index[reg.rep[jg.param_nodes[name]]], 0, True)
+        p, i = resolve(jg.output_value)
+        link(p, i, self.index[jg.tangent_node], 0, False)
+        for key, w in counts.items():
+            # a shared parameter unit receives its gradient once per member block, but a
+            # member's gradient only ties to that member's parameter: count it once
+            self.edges.append(Edge(*key, weight=w, param_side=flags[key]))
+        self.in_edges: list[list[int]] = [[] for _ in self.units]
+        self.out_edges: list[list[int]] = [[] for _ in self.units]
+        for ei, e in enumerate(self.edges):
+            self.in_edges[e.dst].append(ei)
+            self.out_edges[e.src].append(ei)
+
+    # ------------------------------------------------------------------ placements
+    def placement(self, u: int, choice: tuple[int, ...], out: int = 0) -> tuple:
+        opts = self.units[u].options
+        return tuple(opts[c].out[out] for c in choice)
+
+    def in_placement(self, u: int, choice: tuple[int, ...], arg: int) -> tuple:
+        opts = self.units[u].options
+        return tuple(opts[c].ins[arg] for c in choice)
+
+    def allowed(self, u: int, m: int) -> list[int]:
+        """Option indices unit `u` may take on mesh dim `m` (its pin, if pinned)."""
+        unit = self.units[u]
+        if unit.pin is None:
+            return list(range(len(unit.options)))
+        want = unit.pin[m]
+        return [s for s, o in enumerate(unit.options) if o.out[0] == want]
+
+    # ------------------------------------------------------------------ prices
+    def unit_price(self, u: int, choice: tuple[int, ...]) -> tuple[float, dict[str, float]] | None:
+        """(compute seconds, memory bytes by kind) of unit `u` under `choice`, weighted by
+        its multiplicity; None when some tensor would not split evenly."""
+        key = (u, choice)
+        if key in self._unit_cache:
+            return self._unit_cache[key]
+        unit, sizes, prec = self.units[u], self.sizes, self.prec
+        opts = [unit.options[c] for c in choice]
+        res = None
+        traffic = 0.0
+        ok = True
+        out_local = []
+        for j, t in enumerate(unit.outs):
+            if t is None:
+                out_local.append(0)
+                continue
+            n = local_numel(t, tuple(o.out[j] for o in opts), sizes)
+            if n is None:
+                ok = False
+                break
+            out_local.append(n)
+            traffic += n * _itemsize(t, prec)
+        if ok:
+            for k, t in enumerate(unit.ins):
+                n = local_numel(t, tuple(o.ins[k] for o in opts), sizes)
+                if n is None:
+                    ok = False
+                    break
+                traffic += n * _itemsize(t, prec)
+        if ok:
+            w = unit.weight
+            mem = {k: 0.0 for k in MEMORY_KINDS}
+            compute = 0.0
+            if unit.kind == "param":
+                n = out_local[0]
+                mem["parameters"] = w * n * prec.parameter
+                mem["gradients"] = w * n * prec.gradient
+                mem["optimizer"] = w * n * prec.optimizer
+            elif unit.kind == "buffer":
+                mem["parameters"] = w * out_local[0] * unit.outs[0].element_size()
+            elif unit.kind == "op":
+                split = 1
+                for o, k in zip(opts, sizes):
+                    if any(p is not None and not isinstance(p, Replicate) for p in (*o.out, *o.ins)):
+                        split *= k
+                compute = w * compute_time(unit.node, split, traffic, self.hw, prec.activation)
+                for j in unit.saved:
+                    mem["activations"] += w * out_local[j] * _itemsize(unit.outs[j], prec)
+            res = (compute, mem)
+        self._unit_cache[key] = res
+        return res
+
+    def edge_price(self, ei: int, src: tuple, dst: tuple) -> float:
+        key = (ei, src, dst)
+        hit = self._edge_cache.get(key)
+        if hit is None:
+            e = self.edges[ei]
+            t = self.units[e.src].outs[e.out]
+            hit = e.weight * redistribute_time(self.topo, t.numel() * (2 if t.dtype.is_complex else 1),
+                                               _itemsize(t, self.prec), src, dst)
+            self._edge_cache[key] = hit
+        return hit
+
+    def edge_group(self, e: Edge) -> str:
+        """Overlap group of a parameter-side edge: the block its compute runs in."""
+        src, dst = self.units[e.src], self.units[e.dst]
+        return dst.block if src.kind == "param" or dst.kind != "param" else src.block
+
+    def evaluate(self, assign: list[tuple[int, ...]]) -> Price:
+        price = Price()
+        group_compute: dict[str, float] = {}
+        group_param: dict[str, float] = {}
+        for u, choice in enumerate(assign):
+            up = self.unit_price(u, choice)
+            if up is None:
+                raise ValueError(f"assignment splits {self.units[u].node.name} unevenly")
+            price.compute += up[0]
+            g = self.units[u].block
+            group_compute[g] = group_compute.get(g, 0.0) + up[0]
+            for k, v in up[1].items():
+                price.memory[k] += v
+        for ei, e in enumerate(self.edges):
+            c = self.edge_price(ei, self.placement(e.src, assign[e.src], e.out),
+                                self.in_placement(e.dst, assign[e.dst], e.arg))
+            price.comm_total += c
+            if e.param_side:
+                g = self.edge_group(e)
+                group_param[g] = group_param.get(g, 0.0) + c
+                price.comm_param += c
+            else:
+                price.comm += c
+        a = self.hw.overlap_efficiency
+        for g, c in group_param.items():
+            price.comm += max(0.0, c - a * group_compute.get(g, 0.0))
+        return price
+
+
+def _v(p: fx.Node, i: int):
+    v = p.meta.get("val")
+    return v[i] if isinstance(v, (tuple, list)) else v
+
+
+def to_gib(b: float) -> float:
+    return b / GiB

@@ -1,0 +1,81 @@
+"""What each mesh dim is *named* for, and TorchTitan's expert recipes as fixed parameter placements.
+
+Owns the name conventions (TorchTitan's: dp_replicate, dp_shard, cp, tp, ...), the default input
+placements a data loader implies (batch split over the data-parallel dims, sequence over cp), and
+`recipe_placements`: the parameter placements of TorchTitan's hand-written recipes -- FSDP
+(`fully_shard`: every parameter Shard(0) over the sharded data-parallel dims), HSDP (replicated
+over dp_replicate) and TP with its column/row pattern on the tp dim -- so that a recipe can be
+priced by the same model as a plan. The planner itself ignores names: it decides what each dim
+carries.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.placement_types import Placement
+
+REPLICATE_DP = {"dp_replicate", "ddp", "replicate"}
+SHARD_DP = {"dp_shard", "dp", "fsdp", "dp_shard_cp", "dp_cp", "data"}
+CONTEXT = {"cp", "context"}
+TENSOR = {"tp", "tensor", "model"}
+
+# TorchTitan's TP plans: column-parallel (weight rows split) and row-parallel (columns split)
+COLUMN = ("wq", "wk", "wv", "wq_b", "wkv_b", "w1", "w3", "output")
+ROW = ("wo", "w2")
+VOCAB_ROW = ("tok_embeddings",)
+
+RECIPES = ("fsdp", "fsdp_tp")
+
+
+def default_input_placements(dim_names: tuple[str, ...], x: torch.Tensor) -> tuple[Placement, ...]:
+    """Global batch split over the data-parallel dims, sequence over cp, replicated elsewhere."""
+    out: list[Placement] = []
+    for n in dim_names:
+        if (n in REPLICATE_DP or n in SHARD_DP) and x.ndim >= 1:
+            out.append(Shard(0))
+        elif n in CONTEXT and x.ndim >= 2:
+            out.append(Shard(1))
+        else:
+            out.append(Replicate())
+    return tuple(out)
+
+
+def _tp_placement(name: str, shape: tuple[int, ...]) -> Placement:
+    parts = name.split(".")
+    if len(shape) != 2 or parts[-1] != "weight":
+        return Replicate()
+    owner = parts[-2] if len(parts) >= 2 else ""
+    if owner in COLUMN or owner in VOCAB_ROW:
+        return Shard(0)
+    if owner in ROW:
+        return Shard(1)
+    return Replicate()
+
+
+def recipe_placements(
+    recipe: str, params: dict[str, tuple[int, ...]], dim_names: tuple[str, ...], sizes: tuple[int, ...]
+) -> dict[str, tuple[Placement, ...]]:
+    """Parameter placements of an expert recipe on this mesh ("fsdp" or "fsdp_tp")."""
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown recipe {recipe!r}: use one of {', '.join(RECIPES)}")
+    out = {}
+    for name, shape in params.items():
+        pl: list[Placement] = []
+        split = [1] * len(shape)
+        for n, k in zip(dim_names, sizes):
+            if n in TENSOR and recipe == "fsdp_tp":
+                p = _tp_placement(name, shape)
+            elif n in SHARD_DP or n in CONTEXT or (n in TENSOR and recipe == "fsdp"):
+                p = Shard(0) if shape else Replicate()
+            else:
+                p = Replicate()
+            if isinstance(p, Shard):
+                d = p.dim
+                if shape[d] % (split[d] * k):
+                    p = Replicate()
+                else:
+                    split[d] *= k
+            pl.append(p)
+        out[name] = tuple(pl)
+    return out
