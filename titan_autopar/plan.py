@@ -80,6 +80,7 @@ class Plan:
 
     def save(self, path, *, timings: bool = False) -> Path:
         p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(self.to_json(timings))
         return p
 

@@ -6,7 +6,9 @@ prices exact) and keeps a result only if the whole plan's price improves, cyclin
 until a full round changes nothing. On a 1-D mesh this is a single exact solve. On N-D meshes it
 replaces one program over products of per-dim choices -- whose size grows as (options per dim) to
 the power of the mesh's rank, the reason 4-D meshes were called impractical -- with rank-many
-small programs; started from the expert recipe it can only improve on it.
+small programs; started from the expert recipe it can only improve on it. Each program gets at
+most `program_limit_s` of solver time; one stopped early keeps its best integer solution and
+reports its gap (against the LP relaxation) in the plan.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ def descend(
     budget_bytes: float,
     solver: str = "cbc",
     time_limit_s: float | None = None,
-    max_rounds: int = 4,
+    max_rounds: int = 3,
+    program_limit_s: float = 2.0,
     log: Callable[[str], None] = lambda s: None,
     stats: DescentStats | None = None,
 ) -> tuple[list[tuple[int, ...]], DescentStats]:
@@ -70,7 +73,9 @@ def descend(
         for m in range(ndim):
             if solved_at[m] == version:
                 continue  # nothing changed since this dim's program was last solved
-            left = None if deadline is None else max(1.0, deadline - time.perf_counter())
+            left = program_limit_s
+            if deadline is not None:
+                left = min(left, max(1.0, deadline - time.perf_counter()))
             res = solve_dim(pb, assign, m, budget_bytes=budget_bytes, solver=solver, time_limit_s=left)
             stats.solves += 1
             stats.variables = max(stats.variables, res.variables)

@@ -1,0 +1,37 @@
+"""Shared fixtures: simulated meshes (torch's fake process group) and tiny TorchTitan models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from titan_autopar.cli import fake_mesh
+from titan_autopar.titan.models import build_model
+
+
+@pytest.fixture
+def mesh_of():
+    """mesh_of(("dp_shard", "tp"), (2, 4)) -> a DeviceMesh of simulated ranks."""
+    return fake_mesh
+
+
+def tiny_llama(dim=256, layers=2, seq=128, **kw):
+    from torchtitan.models.llama3 import Transformer, TransformerModelArgs
+
+    kw.setdefault("n_heads", 16)
+    args = TransformerModelArgs(dim=dim, n_layers=layers, vocab_size=2048,
+                                max_seq_len=seq, **kw)
+    with torch.device("meta"):
+        return Transformer(args)
+
+
+@pytest.fixture
+def debug_model():
+    """debug_model("llama3", seq) -> TorchTitan's debug flavor of that model, on meta."""
+
+    def make(name: str, seq: int = 128):
+        flavor = {"qwen3": "debugmodel_moe"}.get(name, "debugmodel")
+        model, _ = build_model(name, flavor, seq)
+        return model
+
+    return make

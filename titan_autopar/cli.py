@@ -1,0 +1,120 @@
+"""`titan-autopar`: plan a TorchTitan model on a simulated cluster, explain and diff plans.
+
+  titan-autopar plan --model llama3 --flavor 8B --mesh dp_shard=8,tp=8 --hardware h100 \
+      --seq-len 8192 --local-batch-size 1 --out plan.json
+  titan-autopar explain plan.json
+  titan-autopar diff a.json b.json
+
+`plan` simulates the mesh with torch's fake process group in this one process: no GPU needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def parse_mesh(text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    names, sizes = [], []
+    for part in text.split(","):
+        if "=" not in part:
+            raise ValueError(f"--mesh wants name=size pairs like dp_shard=8,tp=8; got {part!r}")
+        n, s = part.split("=", 1)
+        if not s.strip().isdigit() or int(s) < 1:
+            raise ValueError(f"--mesh: size of {n!r} must be a positive integer, got {s!r}")
+        names.append(n.strip())
+        sizes.append(int(s))
+    if len(set(names)) != len(names):
+        raise ValueError(f"--mesh names a dim twice: {text!r}")
+    return tuple(names), tuple(sizes)
+
+
+def fake_mesh(names, sizes):
+    """A DeviceMesh of prod(sizes) simulated ranks (torch's fake process group)."""
+    import math
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    world = math.prod(sizes)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    return init_device_mesh("cpu", tuple(sizes), mesh_dim_names=tuple(names))
+
+
+def cmd_plan(a) -> int:
+    import torch
+
+    from titan_autopar import plan_model
+    from titan_autopar.titan.models import build_model, global_batch
+
+    names, sizes = parse_mesh(a.mesh)
+    t0 = time.perf_counter()
+    say = lambda s: print(f"[{time.perf_counter() - t0:6.1f}s] {s}", flush=True)  # noqa: E731
+    say(f"building {a.model} {a.flavor} on the meta device")
+    model, _ = build_model(a.model, a.flavor, a.seq_len)
+    mesh = fake_mesh(names, sizes)
+    batch = global_batch(a.local_batch_size, names, sizes)
+    tokens = torch.zeros(batch, a.seq_len, dtype=torch.long)
+    say(f"planning a global batch of {batch} x {a.seq_len} tokens on {'x'.join(map(str, sizes))} "
+        f"simulated {a.hardware} ranks")
+    plan = plan_model(model, mesh, (tokens,), hardware=a.hardware, memory_budget_gib=a.memory_budget_gib,
+                      solver=a.solver, time_limit_s=a.time_limit_s, progress=say)
+    plan.save(a.out, timings=a.timings)
+    say(f"wrote {a.out}")
+    if a.explain:
+        print(plan.explain())
+    return 0
+
+
+def cmd_explain(a) -> int:
+    from titan_autopar import Plan
+
+    print(Plan.load(a.plan).explain())
+    return 0
+
+
+def cmd_diff(a) -> int:
+    from titan_autopar import Plan
+
+    print(Plan.load(a.a).diff(Plan.load(a.b)))
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="titan-autopar", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("plan", help="plan a TorchTitan model on a simulated cluster")
+    p.add_argument("--model", default="llama3")
+    p.add_argument("--flavor", default="8B")
+    p.add_argument("--mesh", default="dp_shard=8,tp=8", help="name=size,... outermost first")
+    p.add_argument("--hardware", default="h100")
+    p.add_argument("--seq-len", type=int, default=8192)
+    p.add_argument("--local-batch-size", type=int, default=1)
+    p.add_argument("--memory-budget-gib", type=float, default=None)
+    p.add_argument("--solver", default="cbc", choices=["cbc", "highs"])
+    p.add_argument("--time-limit-s", type=float, default=None)
+    p.add_argument("--out", default="plan.json")
+    p.add_argument("--timings", action="store_true", help="also write wall-clock phase timings")
+    p.add_argument("--explain", action="store_true", help="print the plan's explanation")
+    p.set_defaults(fn=cmd_plan)
+    p = sub.add_parser("explain", help="per-layer table of a saved plan")
+    p.add_argument("plan")
+    p.set_defaults(fn=cmd_explain)
+    p = sub.add_parser("diff", help="what changed between two plans")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.set_defaults(fn=cmd_diff)
+    a = ap.parse_args(argv)
+    try:
+        return a.fn(a)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"titan-autopar {a.cmd}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
