@@ -139,16 +139,19 @@ def plan_model(
     # the auto plan starts from the cheapest recipe (so it can only improve on it) and from
     # replicate-everywhere (so that what emerges owes nothing to the recipes)
     cheapest = min(range(len(starts)), key=lambda i: priced[starts[i][0]]["objective_ms"])
-    starts = [("replicate", initial_assignment(pb)), starts[cheapest]]
-    best = None
-    for name, a in starts:
+    candidates = [(f"recipe {r}", a) for r, a in starts]  # a recipe is itself a valid plan
+    for name, a in (("replicate", initial_assignment(pb)), starts[cheapest]):
         say(f"[solve] planning from the {name} start")
         a, _ = descend(pb, a, budget_bytes=budget, solver=solver, time_limit_s=time_limit_s,
                        log=say, stats=stats)
-        obj = objective_ms(pb.evaluate(a), budget)
-        if best is None or obj < best[1] - 1e-9:
-            best = (a, obj, name)
-    assign, _, start = best
+        candidates.append((name, a))
+
+    def rank(c):
+        p = pb.evaluate(c[1])
+        over = p.peak_memory > budget * (1 + 1e-9)
+        return (over, round(p.step_time, 12), objective_ms(p, budget))
+
+    start, assign = min(candidates, key=rank)
     phases["solve"] = {"seconds": time.perf_counter() - t, "build_seconds": stats.build_seconds,
                        "solver_seconds": stats.solve_seconds, "programs": stats.solves,
                        "max_variables": stats.variables, "max_constraints": stats.constraints}
