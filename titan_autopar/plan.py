@@ -18,6 +18,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 
 from titan_autopar.cost.comm import redistribute_steps
 from titan_autopar.cost.hardware import GiB, Hardware
+from titan_autopar.solve.problem import itemsize
 
 SCHEMA_VERSION = 1
 
@@ -175,9 +176,7 @@ def build_plan(pb, assign, price, *, fingerprint, mesh_names, hardware, budget, 
         if src == dst:
             continue
         t = pb.units[e.src].outs[e.out]
-        from titan_autopar.solve.problem import _itemsize
-
-        steps = redistribute_steps(pb.topo, t.numel(), _itemsize(t, pb.prec), src, dst)
+        steps = redistribute_steps(pb.topo, t.numel(), itemsize(t, pb.prec), src, dst)
         for s in steps:
             collectives.append({
                 "producer": pb.units[e.src].param_name or pb.units[e.src].node.name,

@@ -16,22 +16,27 @@ placement).
 
 from __future__ import annotations
 
-import math
 import operator
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
-from torch.distributed.tensor import Partial, Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
 from titan_autopar.cost.comm import Topology, redistribute_time
 from titan_autopar.cost.compute import VIEW_OPS, compute_time
-from titan_autopar.cost.hardware import GiB, Hardware
+from titan_autopar.cost.hardware import Hardware
 from titan_autopar.cost.memory import Precision, backward_nodes, saved_activations
 from titan_autopar.graph.regions import Regions
 from titan_autopar.graph.trace import JointGraph
-from titan_autopar.strategy.options import Option, OptionBuilder, resolve, tensor_inputs
+from titan_autopar.strategy.options import (
+    Option,
+    OptionBuilder,
+    output_metas,
+    resolve,
+    tensor_inputs,
+)
 
 MEMORY_KINDS = ("parameters", "gradients", "optimizer", "activations")
 
@@ -77,7 +82,7 @@ class Price:
         return sum(self.memory.values())
 
 
-def _itemsize(t: torch.Tensor, prec: Precision) -> int:
+def itemsize(t: torch.Tensor, prec: Precision) -> int:
     return prec.activation if t.dtype.is_floating_point or t.dtype.is_complex else t.element_size()
 
 
@@ -154,8 +159,6 @@ class Problem:
                     isinstance(val, (tuple, list)) and any(isinstance(v, torch.Tensor) for v in val)
                 ):
                     opts, _ = builder.options(n)
-                    from titan_autopar.strategy.options import output_metas
-
                     ins = [_v(p, i) for p, i in tensor_inputs(n)]
                     add(n, "op", opts, output_metas(n), ins, saved=tuple(sorted(saved.get(n, ()))))
 
@@ -244,14 +247,14 @@ class Problem:
                 ok = False
                 break
             out_local.append(n)
-            traffic += n * _itemsize(t, prec)
+            traffic += n * itemsize(t, prec)
         if ok:
             for k, t in enumerate(unit.ins):
                 n = local_numel(t, tuple(o.ins[k] for o in opts), sizes)
                 if n is None:
                     ok = False
                     break
-                traffic += n * _itemsize(t, prec)
+                traffic += n * itemsize(t, prec)
         if ok:
             w = unit.weight
             mem = {k: 0.0 for k in MEMORY_KINDS}
@@ -270,7 +273,7 @@ class Problem:
                         split *= k
                 compute = w * compute_time(unit.node, split, traffic, self.hw, prec.activation)
                 for j in unit.saved:
-                    mem["activations"] += w * out_local[j] * _itemsize(unit.outs[j], prec)
+                    mem["activations"] += w * out_local[j] * itemsize(unit.outs[j], prec)
             res = (compute, mem)
         self._unit_cache[key] = res
         return res
@@ -282,7 +285,7 @@ class Problem:
             e = self.edges[ei]
             t = self.units[e.src].outs[e.out]
             hit = e.weight * redistribute_time(self.topo, t.numel() * (2 if t.dtype.is_complex else 1),
-                                               _itemsize(t, self.prec), src, dst)
+                                               itemsize(t, self.prec), src, dst)
             self._edge_cache[key] = hit
         return hit
 
@@ -325,5 +328,3 @@ def _v(p: fx.Node, i: int):
     return v[i] if isinstance(v, (tuple, list)) else v
 
 
-def to_gib(b: float) -> float:
-    return b / GiB
