@@ -58,7 +58,7 @@ def descend(
     solver: str = "cbc",
     time_limit_s: float | None = None,
     max_rounds: int = 3,
-    program_limit_s: float = 2.0,
+    program_limit_s: float = 1.0,
     log: Callable[[str], None] = lambda s: None,
     stats: DescentStats | None = None,
 ) -> tuple[list[tuple[int, ...]], DescentStats]:

@@ -16,10 +16,15 @@ from titan_autopar.solve.recipes import REPLICATE_DP, SHARD_DP
 
 
 def build_model(name: str, flavor: str, seq_len: int) -> tuple[torch.nn.Module, object]:
+    import importlib
+
     from torchtitan.protocols.train_spec import get_train_spec
 
     try:
-        spec = get_train_spec(name)
+        try:  # a built-in model: import only its own package (the full registry is slow)
+            spec = importlib.import_module(f"torchtitan.models.{name}").get_train_spec()
+        except (ImportError, AttributeError):
+            spec = get_train_spec(name)
     except Exception as e:
         raise ValueError(f"unknown TorchTitan model {name!r} ({e}); try llama3, llama4, "
                          "deepseek_v3 or qwen3") from None
