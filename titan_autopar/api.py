@@ -160,7 +160,7 @@ def plan_model(
         f"{price.step_time * 1e3:.2f} ms, peak {price.peak_memory / GiB:.2f} GiB (best start: {start})")
     if price.peak_memory > budget * (1 + 1e-9):
         floor, top = memory_floor(pb)
-        raise MemoryBudgetError(budget, floor, top)
+        raise MemoryBudgetError(budget, floor, top, price.peak_memory)
 
     t = time.perf_counter()
     plan = build_plan(

@@ -40,9 +40,17 @@ def memory_floor(pb: Problem, top: int = 5) -> tuple[float, list[tuple[str, floa
 
 
 class MemoryBudgetError(ValueError):
-    def __init__(self, budget: float, floor: float, top: list[tuple[str, float]]):
-        self.budget, self.floor, self.top = budget, floor, top
+    def __init__(self, budget: float, floor: float, top: list[tuple[str, float]], found: float):
+        self.budget, self.floor, self.top, self.found = budget, floor, top, found
         biggest = ", ".join(f"{n} {b / GiB:.2f} GiB" for n, b in top)
+        if floor <= budget:
+            super().__init__(
+                f"the planner found no plan within {budget / GiB:.2f} GiB per rank (its best needs "
+                f"{found / GiB:.2f} GiB), though placements down to {floor / GiB:.2f} GiB exist. "
+                f"Raise memory_budget_gib to {found / GiB:.2f}, or give time_limit_s more time. "
+                f"Largest contributors at the floor: {biggest}."
+            )
+            return
         super().__init__(
             f"no plan fits a memory budget of {budget / GiB:.2f} GiB per rank: even with every "
             f"parameter and saved activation at its most-sharded placement a rank needs "

@@ -199,8 +199,6 @@ class Problem:
         p, i = resolve(jg.output_value)
         link(p, i, self.index[jg.tangent_node], 0, False)
         for key, w in counts.items():
-            # a shared parameter unit receives its gradient once per member block, but a
-            # member's gradient only ties to that member's parameter: count it once
             self.edges.append(Edge(*key, weight=w, param_side=flags[key]))
         self.in_edges: list[list[int]] = [[] for _ in self.units]
         self.out_edges: list[list[int]] = [[] for _ in self.units]
