@@ -18,7 +18,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 
 from titan_autopar.cost.comm import redistribute_steps
 from titan_autopar.cost.hardware import GiB, Hardware
-from titan_autopar.solve.problem import itemsize
+from titan_autopar.solve.problem import itemsize, real_numel
 
 SCHEMA_VERSION = 1
 
@@ -176,7 +176,7 @@ def build_plan(pb, assign, price, *, fingerprint, mesh_names, hardware, budget, 
         if src == dst:
             continue
         t = pb.units[e.src].outs[e.out]
-        steps = redistribute_steps(pb.topo, t.numel(), itemsize(t, pb.prec), src, dst)
+        steps = redistribute_steps(pb.topo, real_numel(t), itemsize(t, pb.prec), src, dst)
         for s in steps:
             collectives.append({
                 "producer": pb.units[e.src].param_name or pb.units[e.src].node.name,

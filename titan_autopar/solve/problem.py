@@ -86,6 +86,11 @@ def itemsize(t: torch.Tensor, prec: Precision) -> int:
     return prec.activation if t.dtype.is_floating_point or t.dtype.is_complex else t.element_size()
 
 
+def real_numel(t: torch.Tensor) -> int:
+    """Elements counted in real scalars: a complex element is two (its bytes at `itemsize`)."""
+    return t.numel() * (2 if t.dtype.is_complex else 1)
+
+
 def local_numel(t: torch.Tensor, placements: tuple, sizes: tuple[int, ...]) -> int | None:
     """Elements of one rank's shard, or None if some dim does not split evenly."""
     shape = list(t.shape)
@@ -282,8 +287,7 @@ class Problem:
         if hit is None:
             e = self.edges[ei]
             t = self.units[e.src].outs[e.out]
-            hit = e.weight * redistribute_time(self.topo, t.numel() * (2 if t.dtype.is_complex else 1),
-                                               itemsize(t, self.prec), src, dst)
+            hit = e.weight * redistribute_time(self.topo, real_numel(t), itemsize(t, self.prec), src, dst)
             self._edge_cache[key] = hit
         return hit
 
