@@ -215,8 +215,12 @@ def solve_dim(
     t1 = time.perf_counter()
     # the relaxation of this program is usually integral: try the LP first, branch only if not
     prob.solve(_solver(solver, time_limit_s, mip=False))
+    if prob.status == pulp.LpStatusNotSolved:  # out of time before the LP finished: no limit
+        prob.solve(_solver(solver, None, mip=False))
     if prob.status == pulp.LpStatusOptimal and not _integral(xs):
         prob.solve(_solver(solver, time_limit_s))
+        if prob.status == pulp.LpStatusNotSolved:  # no integer point yet: give it longer
+            prob.solve(_solver(solver, 10 * (time_limit_s or 1.0)))
     if prob.status != pulp.LpStatusOptimal:
         raise RuntimeError(
             f"the integer program for mesh dim {m} ended {pulp.LpStatus[prob.status]}; "
