@@ -228,7 +228,7 @@ def test_toy_detection_order_and_param_names():
     with opaque_moe_blocks(toy) as names:
         assert names == ["block", "other"]
         assert "forward" in toy.block.__dict__ and "forward" not in toy.block.sub.__dict__
-        with pytest.raises(NotImplementedError, match="only through apply_plan"):
+        with pytest.raises(NotImplementedError, match="only inside a program built by apply_plan"):
             toy(torch.randn(3, 4))
         with pytest.raises(TypeError, match="exactly one tensor"):
             toy.block(torch.randn(3, 4), torch.randn(3, 4))

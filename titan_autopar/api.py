@@ -1,8 +1,8 @@
 """The public entry points: orchestration only.
 
 `plan_model` runs trace -> regions -> options -> prices -> integer programs -> Plan, logging each
-phase's time and size. The later stages (`apply_plan`, `auto_parallelize`) turn a Plan into a
-running module.
+phase's time and size. `apply_plan` turns a Plan into a running module (trace -> per-rank
+program -> forward/backward split -> DTensor parameters); `auto_parallelize` does both.
 """
 
 from __future__ import annotations
@@ -12,8 +12,12 @@ import time
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Placement
 
+from titan_autopar.apply.interpret import trace_local_joint
+from titan_autopar.apply.module import new_token, parallelize_module
+from titan_autopar.apply.partition import split_joint
 from titan_autopar.cost.hardware import GiB, get_hardware
 from titan_autopar.cost.memory import Precision
 from titan_autopar.graph.regions import find_regions
@@ -46,6 +50,22 @@ def _check_placements(what: str, given, tensors, ndim: int) -> None:
             raise ValueError(f"{what}[{i}] has {len(pl)} placements; the mesh has {ndim} dims: give one per dim")
 
 
+def _parameter_pins(given, shapes, names, sizes) -> dict[str, tuple[Placement, ...]]:
+    if given is None:
+        return {}
+    if isinstance(given, str):
+        return recipe_placements(given, shapes, names, sizes)
+    unknown = sorted(set(given) - set(shapes))
+    if unknown:
+        raise ValueError(f"parameter_placements names {unknown[:3]}, which the model does not have; "
+                         f"its parameters are e.g. {list(shapes)[:3]}")
+    for n, pl in given.items():
+        if len(pl) != len(names):
+            raise ValueError(f"parameter_placements[{n!r}] has {len(pl)} placements; the mesh has "
+                             f"{len(names)} dims: give one per dim")
+    return {n: tuple(pl) for n, pl in given.items()}
+
+
 def plan_model(
     model: torch.nn.Module,
     mesh: DeviceMesh,
@@ -53,6 +73,7 @@ def plan_model(
     *,
     input_placements: list[tuple[Placement, ...]] | None = None,
     output_placements: list[tuple[Placement, ...]] | None = None,
+    parameter_placements: dict[str, tuple[Placement, ...]] | str | None = None,
     hardware="h100",
     memory_budget_gib: float | None = None,
     solver: str = "cbc",
@@ -64,6 +85,8 @@ def plan_model(
 
     `sample_inputs` are global-shaped; `input_placements` (default: batch over the data-parallel
     dims, sequence over cp) and `output_placements` (default: free) pin what enters and leaves.
+    `parameter_placements` pins parameters: a dict name -> placements (parameters left out stay
+    free), or a recipe name ("fsdp", "fsdp_tp") for that recipe's placements of every parameter.
     `progress` receives one line per phase (default: the "titan_autopar" logger).
     """
     say = progress or log.info
@@ -121,6 +144,13 @@ def plan_model(
     stats = DescentStats()
     param_units = {u.param_name: i for i, u in enumerate(pb.units) if u.kind == "param"}
     shapes = {n: tuple(pb.units[i].outs[0].shape) for n, i in param_units.items()}
+    user_pins = _parameter_pins(parameter_placements, shapes, names, sizes)
+    for n, pl in user_pins.items():
+        pb.units[param_units[n]].pin = pl
+        for m in range(len(sizes)):
+            if not pb.allowed(param_units[n], m):
+                raise ValueError(f"parameter_placements[{n!r}] = {pl} is not a valid placement for "
+                                 f"a parameter of shape {shapes[n]}")
     recipes = [r for r in RECIPES if r != "fsdp_tp" or any(n in TENSOR for n in names)]
     priced: dict[str, dict] = {}
     starts = []
@@ -131,15 +161,16 @@ def plan_model(
         say(f"[solve] pricing the {r} recipe")
         a, _ = descend(pb, initial_assignment(pb), budget_bytes=budget, solver=solver,
                        time_limit_s=time_limit_s, log=say, stats=stats)
-        for i in param_units.values():
-            pb.units[i].pin = None
+        for n, i in param_units.items():
+            pb.units[i].pin = user_pins.get(n)
         price = pb.evaluate(a)
         priced[r] = {"price": price, "objective_ms": objective_ms(price, budget)}
         starts.append((r, a))
     # the auto plan starts from the cheapest recipe (so it can only improve on it) and from
     # replicate-everywhere (so that what emerges owes nothing to the recipes)
     cheapest = min(range(len(starts)), key=lambda i: priced[starts[i][0]]["objective_ms"])
-    candidates = [(f"recipe {r}", a) for r, a in starts]  # a recipe is itself a valid plan
+    # a recipe is itself a valid plan, unless the user pinned parameters elsewhere
+    candidates = [] if user_pins else [(f"recipe {r}", a) for r, a in starts]
     for name, a in (("replicate", initial_assignment(pb)), starts[cheapest]):
         say(f"[solve] planning from the {name} start")
         a, _ = descend(pb, a, budget_bytes=budget, solver=solver, time_limit_s=time_limit_s,
@@ -172,3 +203,57 @@ def plan_model(
     phases["plan"] = {"seconds": time.perf_counter() - t}
     plan.timings = phases
     return plan
+
+
+def _planned_inputs(plan: Plan) -> tuple[torch.Tensor, ...]:
+    out = []
+    for shape, dtype in plan.data["fingerprint"]["inputs"]:
+        out.append(torch.empty(shape, dtype=getattr(torch, dtype.removeprefix("torch.")), device="meta"))
+    return tuple(out)
+
+
+def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
+               recompute_parameters: bool = True, progress=None) -> torch.nn.Module:
+    """Make `model` (on meta or one device) run `plan` on `mesh`; returns `model`, changed in
+    place: DTensor parameters, and a forward that runs this rank's planned program.
+
+    Inputs are fed as the local shards their planned placements imply, and the output comes
+    back as the local shard of its placement (`model.autopar.input_placements`,
+    `model.autopar.output_placement`). `recompute_parameters` gathers parameters again for
+    the backward instead of keeping the gathered copies (FSDP's reshard-after-forward).
+    A plan made for another model, inputs or mesh is refused with what differs.
+    """
+    say = progress or log.info
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        raise ValueError("the model already has DTensor parameters: apply a plan to the plain "
+                         "model (on meta or on one device), not to a parallelised one")
+    names, sizes = _mesh_info(mesh)
+    inputs = _planned_inputs(plan)
+    fp = fingerprint(model, inputs, names, sizes, get_hardware("h100"))
+    fp["hardware"] = plan.data["fingerprint"].get("hardware")  # any hardware runs any plan
+    plan.check(fp)
+    timings = {}
+    t = time.perf_counter()
+    jg = trace_joint(model, inputs)
+    timings["trace_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    token = new_token()
+    local = trace_local_joint(jg, plan, mesh, token)
+    timings["program_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    split = split_joint(local.gm, len(jg.param_names) + len(jg.buffer_names),
+                        recompute_parameters=recompute_parameters)
+    timings["split_s"] = time.perf_counter() - t
+    model = parallelize_module(model, plan, mesh, jg, local, split, token)
+    model.autopar.timings = timings
+    say(f"[apply] program built in {sum(timings.values()):.2f}s "
+        f"({', '.join(f'{k[:-2]} {v:.2f}s' for k, v in timings.items())})\n{model.autopar.summary()}")
+    return model
+
+
+def auto_parallelize(model: torch.nn.Module, mesh: DeviceMesh, sample_inputs, *,
+                     recompute_parameters: bool = True, **plan_keywords) -> torch.nn.Module:
+    """`plan_model` then `apply_plan`; the plan is kept as `model.autopar.plan`."""
+    plan = plan_model(model, mesh, sample_inputs, **plan_keywords)
+    return apply_plan(model, plan, mesh, recompute_parameters=recompute_parameters,
+                      progress=plan_keywords.get("progress"))

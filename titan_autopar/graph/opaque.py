@@ -11,8 +11,11 @@ one call to the custom op ``titan_autopar::opaque_forward`` in the forward
 pass and one call to ``titan_autopar::opaque_backward`` in the backward pass.
 Those ops have fake (shape-only) implementations, so tracing works; the
 parameter gradients of the block come out of ``opaque_backward`` (through
-``getitem``).  The real implementations are not written yet: running these
-ops on real tensors raises ``NotImplementedError``.
+``getitem``).  On real tensors the ops call the *runner* registered under
+their ``name`` with :func:`register_runner` (``apply/opaque_run.py`` registers
+one per block of a program built by ``apply_plan``; the registry holds it
+weakly, so it lives as long as that program).  With no runner they raise
+``NotImplementedError``.
 
 Op schemas (parameters are passed in :func:`opaque_param_names` order, and
 ``name`` is the block's qualified module name in the model):
@@ -31,6 +34,7 @@ place for load balancing) do not appear in the traced graph.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -41,14 +45,31 @@ __all__ = [
     "OPAQUE_NAMESPACE",
     "opaque_backward",
     "opaque_forward",
+    "find_moe_blocks",
     "is_moe_block",
     "opaque_moe_blocks",
     "opaque_param_names",
+    "register_runner",
 ]
 
 OPAQUE_NAMESPACE = "titan_autopar"
 
-_NOT_IMPLEMENTED = "opaque regions run only through apply_plan"
+_RUNNERS: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
+
+
+def register_runner(name: str, runner: Any) -> None:
+    """Run opaque region `name` with `runner.forward(x, params)` and
+    `runner.backward(grad_out, x, params)` (held weakly)."""
+    _RUNNERS[name] = runner
+
+
+def _runner(name: str) -> Any:
+    r = _RUNNERS.get(name)
+    if r is None:
+        raise NotImplementedError(
+            f"opaque region {name!r} runs only inside a program built by apply_plan"
+        )
+    return r
 
 
 # --------------------------------------------------------------------------
@@ -61,7 +82,7 @@ def opaque_forward(
     x: torch.Tensor, params: Sequence[torch.Tensor], name: str
 ) -> torch.Tensor:
     """Forward of the opaque region ``name``; output has ``x``'s shape and dtype."""
-    raise NotImplementedError(_NOT_IMPLEMENTED)
+    return _runner(name).forward(x, list(params))
 
 
 @opaque_forward.register_fake
@@ -79,7 +100,7 @@ def opaque_backward(
     name: str,
 ) -> list[torch.Tensor]:
     """Backward of the opaque region ``name``: ``[grad_x, *grad_params]``."""
-    raise NotImplementedError(_NOT_IMPLEMENTED)
+    return _runner(name).backward(grad_out, x, list(params))
 
 
 @opaque_backward.register_fake
@@ -142,7 +163,7 @@ def opaque_param_names(block: nn.Module) -> list[str]:
     return [n for n, _ in block.named_parameters()]
 
 
-def _find_moe_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+def find_moe_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Outermost MoE blocks of ``model`` in ``named_modules`` order."""
     found: list[tuple[str, nn.Module]] = []
     for qname, mod in model.named_modules():
@@ -181,7 +202,7 @@ def opaque_moe_blocks(model: torch.nn.Module) -> Iterator[list[str]]:
     the previous state is restored on exit, also when the body raises.
     A block nested in another MoE block is covered by the outer one.
     """
-    blocks = _find_moe_blocks(model)
+    blocks = find_moe_blocks(model)
     saved: list[tuple[nn.Module, Any]] = []
     try:
         for qname, block in blocks:

@@ -1,0 +1,208 @@
+"""The plan's joint graph, run on DTensors, recorded as one rank's program of local ops.
+
+`trace_local_joint(jg, plan, mesh)` walks the joint forward+backward graph node by node with
+DTensors standing for every value. Before each op it redistributes each tensor input to the
+placement the plan chose for it; the op then runs through DTensor's own dispatch (which turns
+global shape arguments into local ones) or, for ops that only our rules cover (CPU flash
+attention, opaque blocks), directly on the local shards. make_fx records what actually runs on
+this rank: local aten ops and functional collectives (`_c10d_functional.*`), nothing else. The
+recorded graph takes local shards of (parameters, buffers, inputs, tangent) and returns local
+shards of (output, *parameter gradients), each gradient in its parameter's placement.
+
+Where DTensor lands an op's output on another placement than the plan's (its strategy list
+lacked the planned one), the value is moved to the planned placement and the node is counted in
+`LocalJoint.mismatches`: the program stays correct, the plan's prediction for it does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
+
+from titan_autopar.apply.opaque_run import OPAQUE_OPS, bind_name
+from titan_autopar.graph.trace import JointGraph
+from titan_autopar.plan import Plan, StalePlanError, parse_placement
+from titan_autopar.strategy.rules import own_rules
+
+
+@dataclass
+class LocalJoint:
+    """One rank's training step as a graph of local ops, and what its placeholders hold."""
+
+    gm: fx.GraphModule
+    placements: list[tuple]  # per placeholder: params, buffers, inputs, tangent
+    local_shapes: list[tuple[int, ...]]
+    mismatches: list[str] = field(default_factory=list)
+    local_ops: list[str] = field(default_factory=list)
+
+
+def _pl(strs) -> tuple:
+    return tuple(parse_placement(s) for s in strs)
+
+
+def local_shape(shape, mesh, placements) -> tuple[int, ...]:
+    return tuple(compute_local_shape_and_global_offset(tuple(shape), mesh, placements)[0])
+
+
+def _is_tensor_node(a) -> bool:
+    return isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)
+
+
+def _placeholder_placements(jg: JointGraph, plan: Plan) -> list[tuple]:
+    nodes = plan.data["nodes"]
+    out = []
+    for n in jg.gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        entry = nodes.get(n.name)
+        if entry is None:
+            raise StalePlanError(f"the plan has no placement for graph input {n.name}: the model's "
+                                 "graph differs from the one planned; plan again")
+        out.append(_pl(entry["out"][0]))
+    return out
+
+
+class _Runner:
+    def __init__(self, jg: JointGraph, plan: Plan, mesh, token: str):
+        self.jg, self.mesh, self.token = jg, mesh, token
+        self.nodes = plan.data["nodes"]
+        self.local_rules = set(own_rules())
+        self.mismatches: list[str] = []
+        self.local_ops: set[str] = set()
+        self.replicate = (Replicate(),) * mesh.ndim
+
+    def to_dtensor(self, t: torch.Tensor, placements) -> DTensor:
+        """A plain global tensor (a constant or a factory's result) as a DTensor."""
+        d = DTensor.from_local(t, self.mesh, self.replicate, run_check=False)
+        return d.redistribute(self.mesh, placements) if tuple(placements) != self.replicate else d
+
+    def fix(self, value, want, name: str | None = None):
+        """`value` as a DTensor placed `want`; `name` counts a move the plan did not price."""
+        if isinstance(value, DTensor):
+            if tuple(value.placements) != tuple(want):
+                if name:
+                    self.mismatches.append(name)
+                value = value.redistribute(self.mesh, want)
+            return value
+        if isinstance(value, torch.Tensor):
+            return self.to_dtensor(value, want)
+        return value
+
+    def run_node(self, n: fx.Node, env: dict):
+        entry = self.nodes.get(n.name)
+        if entry is None:
+            raise StalePlanError(f"the plan has no placement for node {n.name} ({n.target}): the "
+                                 "model's graph differs from the one planned; plan again")
+        flat, spec = pytree.tree_flatten((n.args, n.kwargs))
+        ins = [_pl(s) for s in entry.get("in", [])]
+        k = 0
+        vals = []
+        for a in flat:
+            if isinstance(a, fx.Node):
+                v = env[a]
+                if _is_tensor_node(a):
+                    v = self.fix(v, ins[k]) if k < len(ins) else v
+                    k += 1
+                vals.append(v)
+            else:
+                vals.append(a)
+        outs = [_pl(s) if s and s[0] != "-" else None for s in entry["out"]]
+        if n.target in self.local_rules or n.target in OPAQUE_OPS:
+            return self.run_local(n, vals, spec, outs)
+        args, kwargs = pytree.tree_unflatten(vals, spec)
+        try:
+            res = n.target(*args, **kwargs)
+        except NotImplementedError:  # DTensor has no rule: the plan replicated it (a fallback)
+            return self.run_local(n, vals, spec, outs)
+        return self.check(n, res, outs)
+
+    def check(self, n: fx.Node, res, outs):
+        if isinstance(res, (tuple, list)):
+            return type(res)(self.fix(r, outs[j], n.name) if outs[j] is not None else r
+                             for j, r in enumerate(res))
+        return self.fix(res, outs[0], n.name)
+
+    def run_local(self, n: fx.Node, vals, spec, outs):
+        self.local_ops.add(str(n.target))
+        local = [v.to_local() if isinstance(v, DTensor) else v for v in vals]
+        args, kwargs = pytree.tree_unflatten(local, spec)
+        if n.target in OPAQUE_OPS:
+            args = (*args[:-1], bind_name(self.token, args[-1]))
+        res = n.target(*args, **kwargs)
+        metas = n.meta["val"]
+
+        def wrap(r, meta, pl):
+            if pl is None or not isinstance(r, torch.Tensor):
+                return r
+            return DTensor.from_local(r, self.mesh, pl, run_check=False, shape=meta.shape,
+                                      stride=meta.stride())
+
+        if isinstance(res, (tuple, list)):
+            return type(res)(wrap(r, metas[j], outs[j] if j < len(outs) else None)
+                             for j, r in enumerate(res))
+        return wrap(res, metas, outs[0])
+
+    def __call__(self, placements, *locals_):
+        gm = self.jg.gm
+        env: dict[fx.Node, object] = {}
+        it = iter(zip(locals_, placements))
+        for n in gm.graph.nodes:
+            if n.op == "placeholder":
+                loc, pl = next(it)
+                meta = n.meta["val"]
+                env[n] = DTensor.from_local(loc, self.mesh, pl, run_check=False,
+                                            shape=meta.shape, stride=meta.stride())
+            elif n.op == "get_attr":
+                env[n] = getattr(gm, n.target)
+            elif n.op == "call_function" and n.target is operator.getitem:
+                env[n] = env[n.args[0]][n.args[1]]
+            elif n.op == "call_function":
+                env[n] = self.run_node(n, env)
+            elif n.op == "output":
+                flat = pytree.tree_leaves(n.args[0])
+                out = self.fix(env[flat[0]], placements[-1])
+                grads = [self.fix(env[g], placements[i]) for i, g in enumerate(flat[1:])]
+                return [out.to_local()] + [g.to_local() for g in grads]
+        raise RuntimeError("the joint graph has no output node")
+
+
+@contextlib.contextmanager
+def _quiet_dtensor():
+    """DTensor warns, once per redistribution it records, about choices the plan already made
+    (sequential collectives on N-D meshes, all-to-all emulated on CPU); the plan lists them."""
+    loggers = [logging.getLogger(n) for n in ("torch.distributed.tensor._redistribute",
+                                              "torch.distributed._functional_collectives")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, lv in zip(loggers, levels):
+            lg.setLevel(lv)
+
+
+def trace_local_joint(jg: JointGraph, plan: Plan, mesh, token: str) -> LocalJoint:
+    """Record this rank's program for `plan` (see the module docstring)."""
+    placements = _placeholder_placements(jg, plan)
+    metas = [n.meta["val"] for n in jg.gm.graph.nodes if n.op == "placeholder"]
+    shapes = [local_shape(m.shape, mesh, pl) for m, pl in zip(metas, placements)]
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake:
+        locals_ = [torch.empty(s, dtype=m.dtype) for s, m in zip(shapes, metas)]
+    runner = _Runner(jg, plan, mesh, token)
+    with _quiet_dtensor():
+        gm = make_fx(lambda *xs: runner(placements, *xs), tracing_mode="fake",
+                     _allow_non_fake_inputs=True)(*locals_)
+    return LocalJoint(gm, placements, shapes, sorted(set(runner.mismatches)),
+                      sorted(runner.local_ops))

@@ -1,0 +1,150 @@
+"""A model, its parameters made DTensors, its forward replaced by the plan's program.
+
+`parallelize_module(model, plan, mesh, jg)` changes `model` in place and returns it:
+- every parameter becomes an `nn.Parameter` holding a DTensor with the plan's placements (on
+  meta if the model was on meta: `to_empty` then `init_weights` materialise it, and
+  `init_weights` gives the single-device full tensors for the same seed, see `init.py`);
+  buffers stay plain full tensors, as in TorchTitan's recipes, and are sliced per the plan;
+- `model.forward` runs `ParallelProgram`: the forward graph under an autograd Function whose
+  backward runs the backward graph; the gradients land on the DTensor parameters in their own
+  placements, so AdamW, `clip_grad_norm_` and DCP see ordinary DTensor parameters;
+- `model.autopar` is that program, to inspect: its graphs, saved values, collectives.
+
+Runtime convention: each input arrives as the local shard its input placement implies and the
+output leaves as the local shard of its output placement; gradients do not flow to inputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import torch
+import torch.fx as fx
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+
+from titan_autopar.apply.init import wrap_init_weights
+from titan_autopar.apply.interpret import LocalJoint, local_shape
+from titan_autopar.apply.opaque_run import register_blocks
+from titan_autopar.apply.partition import Split
+
+_tokens = itertools.count()
+
+
+def new_token() -> str:
+    return f"program{next(_tokens)}"
+
+
+class _Step(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, program: "ParallelProgram", *flat):
+        res = program.split.forward(*flat)
+        ctx.program = program
+        ctx.save_for_backward(*res[1:])
+        return res[0]
+
+    @staticmethod
+    def backward(ctx, grad):
+        program = ctx.program
+        grads = program.split.backward(*ctx.saved_tensors, grad.contiguous())
+        return (None, *grads, *([None] * (program.n_buffers + program.n_inputs)))
+
+
+class ParallelProgram:
+    """The per-rank forward, backward and inference graphs of one plan, and how to call them."""
+
+    def __init__(self, model, plan, mesh, jg, local: LocalJoint, split: Split, token: str):
+        self.plan, self.mesh, self.local, self.split = plan, mesh, local, split
+        self.param_names = list(jg.param_names)
+        self.buffer_names = list(jg.buffer_names)
+        self.n_params, self.n_buffers = len(jg.param_names), len(jg.buffer_names)
+        self.n_inputs = jg.num_inputs
+        pl = local.placements
+        self.param_placements = pl[: self.n_params]
+        self.buffer_placements = pl[self.n_params : self.n_params + self.n_buffers]
+        self.input_placements = pl[self.n_params + self.n_buffers : -1]
+        self.output_placement = pl[-1]
+        self.input_shapes = local.local_shapes[self.n_params + self.n_buffers : -1]
+        self.runners = register_blocks(model, token)  # kept alive with the program
+
+    # ------------------------------------------------------------------ running
+    def _buffer_local(self, b: torch.Tensor, placements) -> torch.Tensor:
+        if isinstance(b, DTensor):
+            return b.redistribute(self.mesh, placements).to_local()
+        if all(isinstance(p, Replicate) for p in placements):
+            return b
+        d = DTensor.from_local(b, self.mesh, (Replicate(),) * self.mesh.ndim, run_check=False)
+        return d.redistribute(self.mesh, placements).to_local()
+
+    def __call__(self, model: torch.nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
+        if len(inputs) != self.n_inputs:
+            raise TypeError(f"the planned model takes {self.n_inputs} inputs, got {len(inputs)}")
+        for i, (x, shape) in enumerate(zip(inputs, self.input_shapes)):
+            if tuple(x.shape) != tuple(shape):
+                raise ValueError(
+                    f"input {i} has local shape {tuple(x.shape)}; the program was built for the "
+                    f"local shard {tuple(shape)} (placements {self.input_placements[i]} of the "
+                    "planned global shape): feed that shard, or plan again for this shape"
+                )
+        params = dict(model.named_parameters())
+        buffers = dict(model.named_buffers())
+        p_locals = [params[n].to_local() for n in self.param_names]
+        b_locals = [self._buffer_local(buffers[n], pl)
+                    for n, pl in zip(self.buffer_names, self.buffer_placements)]
+        flat = [*p_locals, *b_locals, *inputs]
+        if torch.is_grad_enabled() and any(p.requires_grad for p in p_locals):
+            return _Step.apply(self, *flat)
+        return self.split.inference(*flat)[0]
+
+    # ------------------------------------------------------------------ inspecting
+    def collectives(self) -> dict[str, int]:
+        """Count of each functional collective in the forward and backward graphs."""
+        out: Counter = Counter()
+        for tag, gm in (("forward", self.split.forward), ("backward", self.split.backward)):
+            for n in gm.graph.nodes:
+                if n.op == "call_function" and "_c10d_functional" in str(n.target) \
+                        and "wait_tensor" not in str(n.target):
+                    out[f"{tag}: {str(n.target).split('.')[-2]}"] += 1
+        return dict(sorted(out.items()))
+
+    def summary(self) -> str:
+        f, b = self.split.forward.graph, self.split.backward.graph
+        lines = [
+            f"forward graph: {len(f.nodes)} nodes; backward graph: {len(b.nodes)} nodes; "
+            f"{len(self.split.saved)} values saved for backward, "
+            f"{len(self.split.recomputed)} recomputed from parameters",
+            "collectives: " + (", ".join(f"{k} x{v}" for k, v in self.collectives().items()) or "none"),
+        ]
+        if self.local.local_ops:
+            lines.append("run on local shards by our rules: " + ", ".join(self.local.local_ops))
+        if self.local.mismatches:
+            lines.append(f"{len(self.local.mismatches)} values moved to the planned placement "
+                         f"after DTensor chose another: {', '.join(self.local.mismatches[:5])}")
+        return "\n".join(lines)
+
+
+def _distribute(p: torch.nn.Parameter, mesh, placements) -> torch.nn.Parameter:
+    if p.is_meta:
+        local = torch.empty(local_shape(p.shape, mesh, placements), dtype=p.dtype, device="meta")
+        d = DTensor.from_local(local, mesh, placements, run_check=False, shape=p.shape,
+                               stride=p.stride())
+    else:
+        d = distribute_tensor(p.detach(), mesh, placements)
+    return torch.nn.Parameter(d, requires_grad=p.requires_grad)
+
+
+def parallelize_module(model, plan, mesh, jg, local: LocalJoint, split: Split, token: str):
+    program = ParallelProgram(model, plan, mesh, jg, local, split, token)
+    for name, placements in zip(program.param_names, program.param_placements):
+        owner_name, _, leaf = name.rpartition(".")
+        owner = model.get_submodule(owner_name) if owner_name else model
+        owner.register_parameter(leaf, _distribute(getattr(owner, leaf), mesh, placements))
+    model.autopar = program  # a plain attribute: no state_dict entries
+    model.forward = lambda *inputs: program(model, *inputs)
+    wrap_init_weights(model)
+    return model
+
+
+def graph_text(gm: fx.GraphModule) -> str:
+    """The graph as Python code, for reading."""
+    return gm.print_readable(print_output=False)
