@@ -1,0 +1,177 @@
+"""Models and the parity check for the multi-process tests of `apply_plan`.
+
+`build(name)` gives (model, reference, global inputs): the model to parallelise and a plain
+single-process reference with the same weights -- for TorchTitan models both start on meta and
+get their weights from `init_weights` under the same seed, which also checks that a
+parallelised model initialises to the single-device parameters. `run_case` applies a plan and
+compares output, every gradient (gathered to full), the gradient norm, a no_grad eval forward
+and five AdamW steps' losses against the reference, returning the figures as a dict.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from titan_autopar import apply_plan
+from titan_autopar.apply.init import local_slice
+
+BATCH, SEQ, DIM = 8, 32, 64
+MOE_MODEL = "deepseek_v3"
+MODELS = ("mlp", "attention", "llama3", MOE_MODEL)
+STEPS = 5
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Linear(DIM, 2 * DIM)
+        self.w2 = nn.Linear(2 * DIM, DIM)
+
+    def forward(self, x):
+        return self.w2(F.gelu(self.w1(x)))
+
+
+class Attention(nn.Module):
+    """Causal self-attention with a residual: (batch, seq, dim) -> (batch, seq, dim)."""
+
+    def __init__(self, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(DIM, DIM, bias=False) for _ in range(4))
+
+    def forward(self, x):
+        b, s, d = x.shape
+
+        def split(t):
+            return t.view(b, s, self.heads, d // self.heads).transpose(1, 2)
+
+        y = F.scaled_dot_product_attention(split(self.wq(x)), split(self.wk(x)), split(self.wv(x)),
+                                           is_causal=True)
+        return x + self.wo(y.transpose(1, 2).reshape(b, s, d))
+
+
+def titan_model(name: str) -> nn.Module:
+    from titan_autopar.titan.models import build_model
+
+    return build_model(name, "debugmodel", SEQ)[0]
+
+
+def inputs_of(name: str) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(1)
+    if name in ("mlp", "attention"):
+        return (torch.randn(BATCH, SEQ, DIM, generator=g),)
+    return (torch.randint(0, 2048, (BATCH, SEQ), generator=g),)
+
+
+def meta_model(name: str) -> nn.Module:
+    if name in ("mlp", "attention"):
+        with torch.device("meta"):
+            return MLP() if name == "mlp" else Attention()
+    return titan_model(name)
+
+
+def build(name: str):
+    if name in ("mlp", "attention"):
+        torch.manual_seed(0)
+        ref = MLP() if name == "mlp" else Attention()
+        return copy.deepcopy(ref), ref, inputs_of(name)
+    return titan_model(name), titan_model(name), inputs_of(name)
+
+
+def _init_titan(model: nn.Module) -> None:
+    model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model.init_weights(buffer_device=torch.device("cpu"))
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    scale = b.abs().max().item() or 1.0
+    return (a - b).abs().max().item() / scale
+
+
+def _full(local: torch.Tensor, mesh, placements, like: torch.Tensor) -> torch.Tensor:
+    return DTensor.from_local(local, mesh, placements, shape=like.shape,
+                              stride=like.stride()).full_tensor()
+
+
+def run_case(name: str, plan, mesh) -> dict:
+    model, ref, inputs = build(name)
+    model = apply_plan(model, plan, mesh, progress=lambda s: None)
+    res: dict = {"init_equal": True}
+    if name not in ("mlp", "attention"):
+        _init_titan(model)
+        _init_titan(ref)
+    res["init_equal"] = all(torch.equal(p.full_tensor(), q)
+                            for p, q in zip(model.parameters(), ref.parameters()))
+    prog = model.autopar
+    local_in = [local_slice(x, mesh, pl) for x, pl in zip(inputs, prog.input_placements)]
+    model.eval()
+    ref.eval()
+    with torch.no_grad():  # inference on the same weights, before any step
+        out = model(*local_in)
+        r = ref(*inputs)
+    res["eval_nograd_rel"] = _rel(_full(out, mesh, prog.output_placement, r), r)
+    res["eval_requires_grad"] = out.requires_grad
+    model.train()
+    ref.train()
+    weight = torch.randn(r.shape, generator=torch.Generator().manual_seed(2))
+    local_weight = local_slice(weight, mesh, prog.output_placement)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    res.update(fwd_rel=[], grad_rel=[], worst_grad=[], loss=[], ref_loss=[])
+    for step in range(STEPS):
+        out = model(*local_in)
+        (out * local_weight).sum().backward()
+        r = ref(*inputs)
+        rl = (r * weight).sum()
+        rl.backward()
+        full = _full(out, mesh, prog.output_placement, r)
+        res["fwd_rel"].append(_rel(full, r.detach()))
+        errs = {n: _rel(p.grad.full_tensor(), q.grad)
+                for (n, p), q in zip(model.named_parameters(), ref.parameters())}
+        worst = max(errs, key=errs.get)
+        res["grad_rel"].append(errs[worst])
+        res["worst_grad"].append(worst)
+        res["loss"].append((full * weight).sum().item())
+        res["ref_loss"].append(rl.item())
+        if step == 0:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+            norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+            res["grad_norm"] = norm.item()
+            res["ref_grad_norm"] = torch.nn.utils.clip_grad_norm_(ref.parameters(), 1e9).item()
+            res["dtensor_grads"] = all(isinstance(p.grad, DTensor) and
+                                       p.grad.placements == p.placements
+                                       for p in model.parameters())
+        opt.step()
+        ropt.step()
+        opt.zero_grad()
+        ropt.zero_grad()
+    res["collectives"] = prog.collectives()
+    res["mismatches"] = len(prog.local.mismatches)
+    return res
+
+
+def parity_worker(rank: int, cases: list[tuple[str, str]], plan_dir: str, out_dir: str) -> None:
+    """Every rank runs every case; rank 0 writes each case's figures as <model>-<kind>.json."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dist_harness import write_result
+    from titan_autopar import Plan
+    from titan_autopar.titan.cpu import apply_cpu_patches
+
+    apply_cpu_patches(["histc_int", "moe_permutation"])  # TorchTitan's MoE routing on CPU
+    meshes = {}
+    for name, kind in cases:
+        plan = Plan.load(f"{plan_dir}/{name}-{kind}.json")
+        key = (tuple(plan.mesh_names), tuple(plan.data["mesh"]["shape"]))
+        if key not in meshes:
+            meshes[key] = init_device_mesh("cpu", key[1], mesh_dim_names=key[0])
+        res = run_case(name, plan, meshes[key])
+        if rank == 0:
+            write_result(out_dir, f"{name}-{kind}", res)
