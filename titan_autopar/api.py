@@ -15,6 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Placement
 
+from titan_autopar.apply.bucket import bucket_collectives
 from titan_autopar.apply.interpret import trace_local_joint
 from titan_autopar.apply.module import new_token, parallelize_module
 from titan_autopar.apply.partition import split_joint
@@ -213,14 +214,16 @@ def _planned_inputs(plan: Plan) -> tuple[torch.Tensor, ...]:
 
 
 def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
-               recompute_parameters: bool = True, progress=None) -> torch.nn.Module:
+               recompute_parameters: bool = True, bucket: bool = True,
+               progress=None) -> torch.nn.Module:
     """Make `model` (on meta or one device) run `plan` on `mesh`; returns `model`, changed in
     place: DTensor parameters, and a forward that runs this rank's planned program.
 
     Inputs are fed as the local shards their planned placements imply, and the output comes
     back as the local shard of its placement (`model.autopar.input_placements`,
     `model.autopar.output_placement`). `recompute_parameters` gathers parameters again for
-    the backward instead of keeping the gathered copies (FSDP's reshard-after-forward).
+    the backward instead of keeping the gathered copies (FSDP's reshard-after-forward);
+    `bucket` merges each block's parameter all-gathers and gradient reduce-scatters into one.
     A plan made for another model, inputs or mesh is refused with what differs.
     """
     say = progress or log.info
@@ -243,6 +246,11 @@ def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
     t = time.perf_counter()
     split = split_joint(local.gm, len(jg.param_names) + len(jg.buffer_names),
                         recompute_parameters=recompute_parameters)
+    if bucket:
+        phs = [n.name for n in local.gm.graph.nodes if n.op == "placeholder"]
+        local.buckets = bucket_collectives(split.forward, split.backward,
+                                           dict(zip(phs, jg.param_names)), jg.param_names,
+                                           [b.name for b in jg.blocks])
     timings["split_s"] = time.perf_counter() - t
     model = parallelize_module(model, plan, mesh, jg, local, split, token)
     model.autopar.timings = timings
@@ -252,8 +260,9 @@ def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
 
 
 def auto_parallelize(model: torch.nn.Module, mesh: DeviceMesh, sample_inputs, *,
-                     recompute_parameters: bool = True, **plan_keywords) -> torch.nn.Module:
+                     recompute_parameters: bool = True, bucket: bool = True,
+                     **plan_keywords) -> torch.nn.Module:
     """`plan_model` then `apply_plan`; the plan is kept as `model.autopar.plan`."""
     plan = plan_model(model, mesh, sample_inputs, **plan_keywords)
     return apply_plan(model, plan, mesh, recompute_parameters=recompute_parameters,
-                      progress=plan_keywords.get("progress"))
+                      bucket=bucket, progress=plan_keywords.get("progress"))

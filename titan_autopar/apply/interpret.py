@@ -44,6 +44,7 @@ class LocalJoint:
     local_shapes: list[tuple[int, ...]]
     mismatches: list[str] = field(default_factory=list)
     local_ops: list[str] = field(default_factory=list)
+    buckets: dict[str, int] = field(default_factory=dict)  # collectives merged per block
 
 
 def _pl(strs) -> tuple:

@@ -115,6 +115,9 @@ class ParallelProgram:
             f"{len(self.split.recomputed)} recomputed from parameters",
             "collectives: " + (", ".join(f"{k} x{v}" for k, v in self.collectives().items()) or "none"),
         ]
+        if self.local.buckets:
+            lines.append("merged per block: {gathers_merged} parameter all-gathers, "
+                         "{reductions_merged} gradient reduce-scatters".format(**self.local.buckets))
         if self.local.local_ops:
             lines.append("run on local shards by our rules: " + ", ".join(self.local.local_ops))
         if self.local.mismatches:
