@@ -1,0 +1,174 @@
+"""TorchTitan's own trainer on CPU ranks with gloo: every CPU patch, and the torchrun entry point.
+
+    torchrun --nproc_per_node=4 -m titan_autopar.titan.cpu --job.config_file X.toml [overrides]
+
+applies the patches, registers the tiny dataset (`titan.data`), builds the tiny assets the job
+names, then runs `torchtitan.train.main(Trainer)` on the same command line. Nothing else in this
+package patches torch or TorchTitan. `apply_cpu_patches` refuses to run where CUDA is available,
+so none of this is ever active on a GPU run. Each patch is the smallest change that made
+TorchTitan 0.2.2 / torch 2.13 train on CPU, and each was seen to be needed (see `PATCHES`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import resource
+import sys
+from types import SimpleNamespace
+
+import torch
+
+_MARK = "__titan_autopar_cpu__"
+
+
+class _CpuDeviceModule:
+    """torch.cpu plus the device-module calls TorchTitan makes that torch.cpu lacks."""
+
+    def __getattr__(self, name):
+        return getattr(torch.cpu, name)
+
+    def current_device(self) -> int:  # barrier(device_ids=[current_device()]) needs an int
+        return 0
+
+    def get_device_name(self, device=None) -> str:
+        return f"cpu ({platform.processor() or platform.machine()})"
+
+    def get_device_properties(self, device=None):
+        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        return SimpleNamespace(name=self.get_device_name(), total_memory=pages * page_size)
+
+    def memory_stats(self, device=None) -> dict:
+        # no allocator statistics on CPU: report the process's peak resident set (Linux: KiB)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return {"active_bytes.all.peak": peak, "reserved_bytes.all.peak": peak,
+                "num_alloc_retries": 0, "num_ooms": 0}
+
+    def reset_peak_memory_stats(self, device=None) -> None:
+        pass
+
+    def empty_cache(self) -> None:
+        pass
+
+
+def _patch_device_type() -> None:
+    """TorchTitan reads its device type once, at import: make it "cpu" (else "cuda", set_device
+    dies), with `_CpuDeviceModule` as its device module. torch itself is left as it was."""
+    loaded = sys.modules.get("torchtitan.tools.utils")
+    if loaded is not None:
+        if loaded.device_type != "cpu":
+            raise RuntimeError(
+                "torchtitan was imported before apply_cpu_patches(), so it already chose device "
+                f"type {loaded.device_type!r}: call apply_cpu_patches() before importing "
+                "torchtitan (python -m titan_autopar.titan.cpu does)")
+        return
+    cpu_module = _CpuDeviceModule()
+    get_type, get_module = torch._utils._get_available_device_type, torch._utils._get_device_module
+    torch._utils._get_available_device_type = lambda: "cpu"
+    torch._utils._get_device_module = (
+        lambda device_type: cpu_module if device_type == "cpu" else get_module(device_type))
+    try:  # torchtitan.tools.utils keeps the names it imported; torch gets its own back
+        importlib.import_module("torchtitan.tools.utils")
+    finally:
+        torch._utils._get_available_device_type, torch._utils._get_device_module = (
+            get_type, get_module)
+
+
+def _patch_fsdp_sum_reduction() -> None:
+    """gloo has no AVG/PREMUL_SUM; torchtitan's FSDP2 set-up makes reduce-scatter use them, so
+    CPU gradients reduce with SUM and divide afterwards (FSDP2's own force-sum path)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives as coll
+
+    orig = coll._get_gradient_divide_factors
+    if getattr(orig, _MARK, False):
+        return
+
+    def divide_factors(rs_group, ar_group, reduce_dtype, device_type="", factor=None,
+                       force_sum_reduction_for_comms=False):
+        force = force_sum_reduction_for_comms or device_type == "cpu"
+        return orig(rs_group, ar_group, reduce_dtype, device_type, factor, force)
+
+    setattr(divide_factors, _MARK, True)
+    coll._get_gradient_divide_factors = divide_factors
+
+
+def _patch_histc_int() -> None:
+    """MoE routing counts tokens per expert with torch.histc on int64, which has no CPU kernel:
+    count in float32 and return the input's dtype (integer CPU inputs only, which raised)."""
+    orig = torch.histc
+    if getattr(orig, _MARK, False):
+        return
+
+    def histc(input, bins=100, min=0, max=0, *, out=None):
+        if out is None and input.device.type == "cpu" and not input.is_floating_point():
+            return orig(input.float(), bins=bins, min=min, max=max).to(input.dtype)
+        return orig(input, bins=bins, min=min, max=max, out=out)
+
+    setattr(histc, _MARK, True)
+    torch.histc = histc
+
+
+def _patch_moe_permutation() -> None:
+    """MoE token permutation always launches a triton GPU kernel; torchtitan ships a CPU version
+    behind `use_cpu=True`: take it for CPU tensors."""
+    moe_utils = importlib.import_module("torchtitan.models.moe.utils")
+    orig = moe_utils.generate_permute_indices
+    if getattr(orig, _MARK, False):
+        return
+
+    def generate_permute_indices(tokens_per_expert_group, *args, use_cpu=False, **kwargs):
+        use_cpu = use_cpu or tokens_per_expert_group.device.type == "cpu"
+        return orig(tokens_per_expert_group, *args, use_cpu=use_cpu, **kwargs)
+
+    setattr(generate_permute_indices, _MARK, True)
+    moe_utils.generate_permute_indices = generate_permute_indices
+
+
+# name -> patch, with what a 4-rank run does without it. The device type goes first: torchtitan
+# fixes its device type when first imported (moe_permutation imports it).
+PATCHES = {
+    # AttributeError: module 'torch._C' has no attribute '_cuda_setDevice' (Trainer.__init__)
+    "device_type": _patch_device_type,
+    # RuntimeError: Cannot use ReduceOp.PREMUL_SUM with Gloo (first backward)
+    "fsdp_sum_reduction": _patch_fsdp_sum_reduction,
+    # NotImplementedError: "histogram_cpu" not implemented for 'Long' (any MoE model)
+    "histc_int": _patch_histc_int,
+    # RuntimeError: 0 active drivers (triton; MoE with expert_parallel_degree > 1 only)
+    "moe_permutation": _patch_moe_permutation,
+}
+
+
+def apply_cpu_patches(names=None) -> None:
+    """Apply the CPU patches (all, or those in `names`); idempotent. Refuses where CUDA is
+    available: a GPU run must use TorchTitan unpatched."""
+    if torch.cuda.is_available():
+        raise RuntimeError(
+            "CUDA is available: refusing to apply titan_autopar's CPU patches. Run "
+            "`torchrun -m torchtitan.train` directly on GPUs.")
+    names = list(PATCHES) if names is None else list(names)
+    unknown = [n for n in names if n not in PATCHES]
+    if unknown:
+        raise ValueError(f"unknown CPU patch(es) {unknown}; known: {', '.join(PATCHES)}")
+    for name in PATCHES:  # in PATCHES' order, whatever the order of `names`
+        if name in names:
+            PATCHES[name]()
+
+
+def main() -> None:
+    """Entry point: patch, register the tiny dataset, build its assets, run TorchTitan's trainer
+    on `sys.argv[1:]` (TorchTitan's config manager reads the command line itself)."""
+    apply_cpu_patches()
+    from torchtitan.config import ConfigManager
+
+    from titan_autopar.titan.data import prepare_job_assets, register_dataset
+
+    register_dataset()
+    prepare_job_assets(ConfigManager().parse_args(sys.argv[1:]))
+    import torchtitan.train
+
+    torchtitan.train.main(torchtitan.train.Trainer)
+
+
+if __name__ == "__main__":
+    main()

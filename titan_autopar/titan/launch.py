@@ -1,0 +1,122 @@
+"""Launch TorchTitan training on CPU ranks as a subprocess, and read back what it measured.
+
+Owns `launch`: torchrun over `python -m titan_autopar.titan.cpu` (see `titan.cpu`) with
+OMP_NUM_THREADS=1, every rank's output tagged "[rankN]:", captured and optionally streamed; and
+the readers of a finished run: `parse_losses` (step -> loss from TorchTitan's log lines) and
+`tensorboard_scalars` (step -> value from the run's TensorBoard event files). For tests and the
+A/B command; a person can run the same command line by hand (`torchrun_command`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+LOSS_TAG = "loss_metrics/global_avg_loss"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_STEP = re.compile(r"^(?:\[rank(\d+)\]:)?.*\bstep:\s*(\d+)\s+loss:\s*(\S+)")
+
+
+def torchrun_command(config: str | os.PathLike, nproc: int, extra_args=(),
+                     log_dir: str | None = None) -> list[str]:
+    """The command line `launch` runs: torchrun, one process per CPU rank, on a free port;
+    torchrun keeps its per-rank log copies in `log_dir` (default: a new temporary folder)."""
+    if nproc < 1:
+        raise ValueError(f"nproc must be at least 1, got {nproc}")
+    logs = ["--log-dir", log_dir] if log_dir else []
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={nproc}", "--role", "rank", "--tee", "3", *logs,
+            "-m", "titan_autopar.titan.cpu", "--job.config_file", str(config), *extra_args]
+
+
+def launch(config: str | os.PathLike, nproc: int = 4, extra_args=(), env=None, *,
+           cwd: str | os.PathLike | None = None, stream: bool = True,
+           timeout: float | None = None) -> subprocess.CompletedProcess:
+    """Train with TorchTitan on `nproc` CPU ranks; returns the finished process, output in
+    `.stdout` (stderr merged). `extra_args` are TorchTitan overrides ("--training.steps", "5");
+    `env` adds to this process's environment. Past `timeout` seconds the whole run is stopped
+    and TimeoutError says so, with the last lines it printed."""
+    if not Path(cwd or ".", config).is_file():
+        raise FileNotFoundError(f"no TorchTitan config at {config} (relative to {cwd or '.'})")
+    with tempfile.TemporaryDirectory(prefix="titan_autopar_torchrun_") as log_dir:
+        cmd = torchrun_command(config, nproc, extra_args, log_dir=log_dir)
+        run_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+        return _run(cmd, cwd, run_env, stream, timeout)
+
+
+def _run(cmd, cwd, env, stream, timeout) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if stream:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        reader.join(timeout=10)
+        raise TimeoutError(f"training did not finish in {timeout} s: {' '.join(cmd)}\n"
+                           + "".join(lines[-40:])) from None
+    except BaseException:  # interrupted: leave no ranks behind
+        _stop(proc)
+        raise
+    reader.join()
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines), None)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop torchrun and the ranks it started (its own process group), politely first."""
+    for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def parse_losses(output: str, rank: int = 0) -> dict[int, float]:
+    """step -> loss from TorchTitan's "step: N  loss: X" lines, as printed by `rank` (lines
+    without a rank tag count for any rank). Non-finite losses are kept (nan, inf)."""
+    losses: dict[int, float] = {}
+    for line in output.splitlines():
+        m = _STEP.match(_ANSI.sub("", line))
+        if m and (m.group(1) is None or int(m.group(1)) == rank):
+            losses.setdefault(int(m.group(2)), float(m.group(3)))
+    return losses
+
+
+def tensorboard_scalars(folder: str | os.PathLike, tag: str = LOSS_TAG) -> dict[int, float]:
+    """step -> value of scalar `tag` in the TensorBoard event files under `folder` (a run's
+    dump folder, or its tb/ folder); the newest event file wins where steps repeat."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = sorted(Path(folder).rglob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        raise FileNotFoundError(f"no TensorBoard event files under {folder}: was "
+                                "[metrics] enable_tensorboard set?")
+    values: dict[int, float] = {}
+    for f in files:
+        acc = EventAccumulator(str(f), size_guidance={"scalars": 0})
+        acc.Reload()
+        if tag in acc.Tags().get("scalars", []):
+            values.update({e.step: e.value for e in acc.Scalars(tag)})
+    return values
+
