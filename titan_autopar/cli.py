@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 import sys
 import time
 
@@ -84,6 +85,16 @@ def cmd_diff(a) -> int:
     return 0
 
 
+def cmd_ab(a) -> int:
+    from titan_autopar.titan.ab import run_ab, table
+
+    res = run_ab(a.config, nproc=a.nproc, steps=a.steps, out_dir=a.out, twin=a.twin)
+    print(table(res))
+    out = a.out or f"out/ab/{Path(a.config).stem}"
+    print(f"[ab] wrote {out}/ab.json and {out}/ab.png")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="titan-autopar", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -108,10 +119,19 @@ def main(argv=None) -> int:
     p.add_argument("a")
     p.add_argument("b")
     p.set_defaults(fn=cmd_diff)
+    p = sub.add_parser("ab", help="train a TorchTitan config under auto and with its expert "
+                       "twin from one seed checkpoint (CPU ranks), and compare")
+    p.add_argument("--config", required=True, help="a TorchTitan TOML with the auto switch")
+    p.add_argument("--twin", default=None, help="the expert-recipe config (default: the same "
+                   "config with auto = false)")
+    p.add_argument("--nproc", type=int, default=4)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--out", default=None, help="output folder (default out/ab/<config name>)")
+    p.set_defaults(fn=cmd_ab)
     a = ap.parse_args(argv)
     try:
         return a.fn(a)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"titan-autopar {a.cmd}: {e}", file=sys.stderr)
         return 2
 

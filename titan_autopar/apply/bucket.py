@@ -39,10 +39,11 @@ def _waits(gm: fx.GraphModule, op) -> list[tuple[fx.Node, fx.Node]]:
 
 
 def _root_placeholder(n: fx.Node) -> fx.Node | None:
-    """The placeholder `n` is a chain of single-input ops on, or None."""
+    """The placeholder `n` is a chain of single-input local ops on, or None (a chain through a
+    collective -- the second dim of a 2-D gather -- is not a parameter shard)."""
     while n.op == "call_function":
         ins = n.all_input_nodes
-        if len(ins) != 1:
+        if len(ins) != 1 or "_c10d_functional" in str(n.target):
             return None
         n = ins[0]
     return n if n.op == "placeholder" else None
@@ -54,6 +55,18 @@ def _chain(n: fx.Node) -> list[fx.Node]:
         out.append(n)
         n = n.all_input_nodes[0]
     return out[::-1]
+
+
+def _new(g: fx.Graph, target, args: tuple) -> fx.Node:
+    """A new call_function node with a name no other node has (`bucket_<op>_<k>`)."""
+    taken = g.__dict__.get("_bucket_names")
+    if taken is None:
+        taken = g.__dict__["_bucket_names"] = {n.name for n in g.nodes}
+    op, k = str(target).split(".")[-2], len(taken)
+    while f"bucket_{op}_{k}" in taken:
+        k += 1
+    taken.add(f"bucket_{op}_{k}")
+    return g.create_node("call_function", target, args, name=f"bucket_{op}_{k}")
 
 
 def _meta(n: fx.Node) -> torch.Tensor:
@@ -75,6 +88,7 @@ def _bucket_gathers(gm: fx.GraphModule, block_of) -> int:
     for (_, ws, _, _), members in groups.items():
         if len(members) < 2:
             continue
+        order = {n: i for i, n in enumerate(g.nodes)}
         members.sort(key=lambda m: order[m[0]])
         first = members[0][0]
         for ag, _ in members:  # parameter views move up to the merged gather
@@ -83,15 +97,15 @@ def _bucket_gathers(gm: fx.GraphModule, block_of) -> int:
                     first.prepend(v)
         sizes = [_meta(ag.args[0]).numel() for ag, _ in members]
         with g.inserting_before(first):
-            flats = [g.call_function(aten.reshape.default, (ag.args[0], [-1])) for ag, _ in members]
-            cat = g.call_function(aten.cat.default, (flats,))
-            big = g.call_function(AG, (cat, ws, first.args[2]))
-            done = g.call_function(WAIT, (big,))
-            table = g.call_function(aten.view.default, (done, [ws, sum(sizes)]))
+            flats = [_new(g, aten.reshape.default, (ag.args[0], [-1])) for ag, _ in members]
+            cat = _new(g, aten.cat.default, (flats,))
+            big = _new(g, AG, (cat, ws, first.args[2]))
+            done = _new(g, WAIT, (big,))
+            table = _new(g, aten.view.default, (done, [ws, sum(sizes)]))
             offset = 0
             for (ag, wait), size in zip(members, sizes):
-                piece = g.call_function(aten.slice.Tensor, (table, 1, offset, offset + size))
-                out = g.call_function(aten.reshape.default, (piece, list(_meta(wait).shape)))
+                piece = _new(g, aten.slice.Tensor, (table, 1, offset, offset + size))
+                out = _new(g, aten.reshape.default, (piece, list(_meta(wait).shape)))
                 out.meta["val"] = _meta(wait)
                 wait.replace_all_uses_with(out)
                 offset += size
@@ -107,8 +121,8 @@ def _gradient_path(wait: fx.Node, outputs: dict[fx.Node, int]) -> tuple[int, lis
     chain, n = [], wait
     while n not in outputs:
         users = list(n.users)
-        if len(users) != 1 or users[0].op != "call_function":
-            return None
+        if len(users) != 1 or users[0].op != "call_function" or "_c10d_functional" in str(users[0].target):
+            return None  # (a reduction feeding another one, on a 2-D mesh, stays as it is)
         n = users[0]
         chain.append(n)
     return outputs[n], chain
@@ -135,15 +149,15 @@ def _bucket_reductions(gm: fx.GraphModule, block_of_grad) -> int:
         last = members[-1][0]
         sizes = [_meta(rs.args[0]).numel() // ws for rs, _, _ in members]
         with g.inserting_before(last.next):
-            rows = [g.call_function(aten.reshape.default, (rs.args[0], [ws, -1])) for rs, _, _ in members]
-            cat = g.call_function(aten.cat.default, (rows, 1))
-            flat = g.call_function(aten.view.default, (cat, [ws * sum(sizes)]))
-            big = g.call_function(RS, (flat, op, ws, last.args[3]))
-            done = g.call_function(WAIT, (big,))
+            rows = [_new(g, aten.reshape.default, (rs.args[0], [ws, -1])) for rs, _, _ in members]
+            cat = _new(g, aten.cat.default, (rows, 1))
+            flat = _new(g, aten.view.default, (cat, [ws * sum(sizes)]))
+            big = _new(g, RS, (flat, op, ws, last.args[3]))
+            done = _new(g, WAIT, (big,))
             offset = 0
             for (rs, wait, _), size in zip(members, sizes):
-                piece = g.call_function(aten.slice.Tensor, (done, 0, offset, offset + size))
-                out = g.call_function(aten.view.default, (piece, list(_meta(wait).shape)))
+                piece = _new(g, aten.slice.Tensor, (done, 0, offset, offset + size))
+                out = _new(g, aten.view.default, (piece, list(_meta(wait).shape)))
                 out.meta["val"] = _meta(wait)
                 wait.replace_all_uses_with(out)
                 offset += size

@@ -1,0 +1,150 @@
+"""A/B: one TorchTitan job under `auto = true` against the expert recipe, on the same start.
+
+`run_ab` writes one seed checkpoint (TorchTitan's `create_seed_checkpoint`, one rank), then
+trains the job twice from it on the same data: under auto, and with its expert twin (another
+config given as `twin`, or by default the same config with `auto = false`, i.e. TorchTitan's
+own recipe for the same degrees). It reads rank 0's per-step figures from TorchTitan's log
+(loss, tokens/s, peak memory), sets them side by side with the plan's predictions, and writes
+`ab.json` and `ab.png` (loss curves and throughput) into the output folder.
+
+Predicted figures are for the plan's hardware preset (e.g. H100); on CPU ranks they are not
+comparable to what is measured, which the table says.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+from titan_autopar.titan.launch import launch
+
+_STEP = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+).*?memory:\s*([\d.]+)GiB.*?tps:\s*([\d,]+)")
+_RANK0 = re.compile(r"^(?:\[rank0\]:)?(?!\[rank[1-9])")
+
+
+def step_figures(output: str) -> dict[int, dict]:
+    """step -> {loss, memory_gib, tps} from rank 0's TorchTitan log lines."""
+    out: dict[int, dict] = {}
+    for line in output.splitlines():
+        line = re.sub(r"\x1b\[[0-9;]*m", "", line)
+        if not _RANK0.match(line):
+            continue
+        m = _STEP.search(line)
+        if m:
+            out.setdefault(int(m.group(1)), {"loss": float(m.group(2)),
+                                             "memory_gib": float(m.group(3)),
+                                             "tps": float(m.group(4).replace(",", ""))})
+    return out
+
+
+def _check(run, what: str) -> None:
+    if run.returncode != 0:
+        tail = "\n".join(run.stdout.splitlines()[-25:])
+        raise RuntimeError(f"the {what} run failed (exit {run.returncode}); its last lines:\n{tail}")
+
+
+def _summary(fig: dict[int, dict], tokens_per_step: int) -> dict:
+    later = [f for s, f in sorted(fig.items()) if s > 1] or list(fig.values())
+    tps = statistics.median(f["tps"] for f in later)
+    return {"tokens_per_s_per_rank": round(tps, 1),
+            "step_time_s": round(tokens_per_step / tps, 4) if tps else None,
+            "peak_memory_gib": max(f["memory_gib"] for f in fig.values()),
+            "final_loss": fig[max(fig)]["loss"]}
+
+
+def _tokens_per_step(config: Path) -> int:
+    import tomli
+
+    t = tomli.loads(config.read_text()).get("training", {})
+    return int(t.get("local_batch_size", 8)) * int(t.get("seq_len", 2048))
+
+
+def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
+           cwd=None, say=print) -> dict:
+    config = Path(config)
+    out = Path(out_dir or Path("out") / "ab" / config.stem).resolve()
+    base = Path(cwd or ".")
+    if not (base / config).is_file():
+        raise FileNotFoundError(f"no TorchTitan config at {config}")
+    say(f"[ab] seed checkpoint (1 rank) -> {out / 'seed'}")
+    run = launch(config, 1, ["--job.dump_folder", str(out / "seed"), "--checkpoint.enable",
+                             "--checkpoint.create_seed_checkpoint", "--parallelism.no-auto",
+                             "--parallelism.data_parallel_shard_degree", "1",
+                             "--parallelism.tensor_parallel_degree", "1",
+                             "--parallelism.expert_parallel_degree", "1",
+                             "--parallelism.pipeline_parallel_degree", "1"],
+                 cwd=cwd, stream=False)
+    _check(run, "seed checkpoint")
+    seed = out / "seed" / "checkpoint" / "step-0"
+    common = ["--checkpoint.enable", "--checkpoint.initial_load_path", str(seed),
+              "--checkpoint.interval", str(steps + 1), "--training.steps", str(steps)]
+    arms = {"auto": (config, ["--parallelism.auto", "--auto_parallel.save_plan", "plan.json"]),
+            "recipe": (Path(twin) if twin else config, ["--parallelism.no-auto"])}
+    figures = {}
+    for name, (cfg, extra) in arms.items():
+        say(f"[ab] {name}: {cfg}, {steps} steps on {nproc} ranks")
+        run = launch(cfg, nproc, ["--job.dump_folder", str(out / name), *common, *extra],
+                     cwd=cwd, stream=False)
+        _check(run, name)
+        figures[name] = step_figures(run.stdout)
+    tokens = _tokens_per_step(base / config)
+    plan = json.loads((out / "auto" / "plan.json").read_text())
+    result = {
+        "config": str(config), "twin": str(twin or f"{config} with auto = false"),
+        "ranks": nproc, "steps": steps,
+        "auto": _summary(figures["auto"], tokens), "recipe": _summary(figures["recipe"], tokens),
+        "predicted": {"hardware": plan["hardware"].get("name"),
+                      "auto_step_time_s": plan["predicted"]["step_time_s"],
+                      "auto_peak_memory_gib": plan["predicted"]["peak_memory_gib"],
+                      "recipes_step_time_s": {k: v["step_time_s"] for k, v in plan["recipes"].items()}},
+        "loss": {name: {s: f["loss"] for s, f in sorted(fig.items())} for name, fig in figures.items()},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ab.json").write_text(json.dumps(result, indent=1))
+    _plot(result, figures, out / "ab.png")
+    return result
+
+
+def _plot(result: dict, figures: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, f in figures.items():
+        steps = sorted(f)
+        a.plot(steps, [f[s]["loss"] for s in steps], marker="o", label=name)
+        b.plot(steps, [f[s]["tps"] for s in steps], marker="o", label=name)
+    a.set(xlabel="step", ylabel="loss", title="loss")
+    b.set(xlabel="step", ylabel="tokens/s per rank", title="throughput")
+    a.legend()
+    b.legend()
+    fig.suptitle(f"{result['config']}: auto vs recipe, {result['ranks']} ranks")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def table(result: dict) -> str:
+    a, r = result["auto"], result["recipe"]
+    rows = [
+        ("", "auto", "recipe"),
+        ("tokens/s per rank", a["tokens_per_s_per_rank"], r["tokens_per_s_per_rank"]),
+        ("step time (s)", a["step_time_s"], r["step_time_s"]),
+        ("peak memory (GiB)", a["peak_memory_gib"], r["peak_memory_gib"]),
+        ("final loss", a["final_loss"], r["final_loss"]),
+    ]
+    lines = [f"{k:<20}{x!s:>14}{y!s:>14}" for k, x, y in rows]
+    lines.append("loss per step:")
+    for s, la in result["loss"]["auto"].items():
+        lr = result["loss"]["recipe"].get(s)
+        lines.append(f"  {s:>4}  {la:>10.5f}  {lr if lr is None else f'{lr:.5f}':>10}")
+    p = result["predicted"]
+    lines.append(f"predicted on {p['hardware']}: auto step {p['auto_step_time_s'] * 1e3:.2f} ms, "
+                 f"peak {p['auto_peak_memory_gib']:.2f} GiB; recipes "
+                 + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in p["recipes_step_time_s"].items())
+                 + " (the preset's figures, not this machine's)")
+    return "\n".join(lines)
