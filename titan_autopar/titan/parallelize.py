@@ -108,6 +108,7 @@ def _resolve(path: str, job_config) -> Path:
 
 def _plan(model, mesh, tokens, names, job_config):
     from titan_autopar import Plan, plan_model
+    from titan_autopar.plan import StalePlanError
     from titan_autopar.solve.recipes import default_input_placements
 
     ap = job_config.auto_parallel
@@ -119,7 +120,14 @@ def _plan(model, mesh, tokens, names, job_config):
                                   "give a plan saved by `save_plan` or `titan-autopar plan`, or "
                                   "remove plan_file to plan now")
         log.info(f"[titan_autopar] replaying the plan in {path}")
-        return Plan.load(path)
+        plan = Plan.load(path)
+        planned, now = plan.data["fingerprint"]["inputs"], [[list(tokens.shape), str(tokens.dtype)]]
+        if planned != now:
+            raise StalePlanError(
+                f"the plan in {path} was made for something else and cannot be replayed: inputs: "
+                f"plan has {planned}, now {now} (local_batch_size x data-parallel degrees, "
+                "seq_len). Plan again (remove plan_file) or restore the batch and sequence length.")
+        return plan
     plan_json = [None]
     if not dist.is_initialized() or dist.get_rank() == 0:
         log.info(f"[titan_autopar] planning {type(model).__name__} on mesh "
