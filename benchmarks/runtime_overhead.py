@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from dist_harness import read_result, run_ranks, write_result  # noqa: E402
+from parity_models import init_titan  # noqa: E402
 
 WORLD = 4
 
@@ -33,13 +34,6 @@ def _model(seq: int):
     from titan_autopar.titan.models import build_model
 
     return build_model("llama3", "debugmodel", seq)[0]
-
-
-def _init(model) -> None:
-    model.to_empty(device="cpu")
-    torch.manual_seed(0)
-    with torch.no_grad():
-        model.init_weights(buffer_device=torch.device("cpu"))
 
 
 def _profile(model, x, y, key: str, out_dir: str | None) -> None:
@@ -69,9 +63,9 @@ def worker(rank: int, plan_path: str, out_dir: str, steps: int, batch: int, seq:
     mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("dp_shard",))
     recipe = _model(seq)
     apply_fsdp(recipe, mesh, param_dtype=torch.float32, reduce_dtype=torch.float32, pp_enabled=False)
-    _init(recipe)
+    init_titan(recipe)
     planned = apply_plan(_model(seq), Plan.load(plan_path), mesh, progress=lambda s: None)
-    _init(planned)
+    init_titan(planned)
     with torch.no_grad():  # the same starting weights (FSDP's DTensor init draws per shard)
         for p, q in zip(recipe.parameters(), planned.parameters()):
             p.to_local().copy_(local_slice(q.full_tensor(), mesh, p.placements))

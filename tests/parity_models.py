@@ -83,7 +83,8 @@ def build(name: str):
     return titan_model(name), titan_model(name), inputs_of(name)
 
 
-def _init_titan(model: nn.Module) -> None:
+def init_titan(model: nn.Module) -> None:
+    """TorchTitan's flow: materialise on CPU, then `init_weights` under seed 0."""
     model.to_empty(device="cpu")
     torch.manual_seed(0)
     with torch.no_grad():
@@ -105,8 +106,8 @@ def run_case(name: str, plan, mesh) -> dict:
     model = apply_plan(model, plan, mesh, progress=lambda s: None)
     res: dict = {"init_equal": True}
     if name not in ("mlp", "attention"):
-        _init_titan(model)
-        _init_titan(ref)
+        init_titan(model)
+        init_titan(ref)
     res["init_equal"] = all(torch.equal(p.full_tensor(), q)
                             for p, q in zip(model.parameters(), ref.parameters()))
     prog = model.autopar

@@ -15,18 +15,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import init_device_mesh
 
 from dist_harness import read_result, run_ranks, write_result
-from parity_models import inputs_of, meta_model, titan_model
+from parity_models import init_titan, inputs_of, meta_model, titan_model
 from titan_autopar import Plan, apply_plan, auto_parallelize, plan_model
 from titan_autopar.apply.init import local_slice
 from titan_autopar.cli import fake_mesh
 from titan_autopar.plan import StalePlanError
-
-
-def _init(model) -> None:
-    model.to_empty(device="cpu")
-    torch.manual_seed(0)
-    with torch.no_grad():
-        model.init_weights(buffer_device=torch.device("cpu"))
 
 
 def _train_step(model, mesh, tokens, opt) -> float:
@@ -43,7 +36,7 @@ def save_worker(rank, plan_path, ckpt, out_dir):
     plan = Plan.load(plan_path)
     mesh = init_device_mesh("cpu", tuple(plan.data["mesh"]["shape"]), mesh_dim_names=tuple(plan.mesh_names))
     model = apply_plan(titan_model("llama3"), plan, mesh, progress=lambda s: None)
-    _init(model)
+    init_titan(model)
     _train_step(model, mesh, inputs_of("llama3")[0], torch.optim.AdamW(model.parameters(), lr=1e-2))
     dcp.save(model.state_dict(), checkpoint_id=ckpt)
     full = {n: p.full_tensor() for n, p in model.named_parameters()}
@@ -103,7 +96,7 @@ def replay_worker(rank, out_dir):
     replayed = apply_plan(titan_model("llama3"), Plan.load(path), mesh, progress=lambda s: None)
     losses = {}
     for tag, model in (("fresh", fresh), ("replayed", replayed)):
-        _init(model)
+        init_titan(model)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         losses[tag] = [_train_step(model, mesh, tokens, opt) for _ in range(5)]
     if rank == 0:

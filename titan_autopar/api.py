@@ -135,23 +135,21 @@ def plan_model(
     if output_placements is not None:
         _check_placements("output_placements", output_placements, [None], len(names))
         pb.units[pb.index[jg.tangent_node]].pin = tuple(output_placements[0])
-    for u in range(len(pb.units)):
-        for m in range(len(sizes)):
-            if not pb.allowed(u, m):
-                raise ValueError(f"pin {pb.units[u].pin} of {pb.units[u].node.name} is not a valid "
-                                 f"placement for a tensor of shape {tuple(pb.units[u].outs[0].shape)}")
-
-    t = time.perf_counter()
-    stats = DescentStats()
     param_units = {u.param_name: i for i, u in enumerate(pb.units) if u.kind == "param"}
     shapes = {n: tuple(pb.units[i].outs[0].shape) for n, i in param_units.items()}
     user_pins = _parameter_pins(parameter_placements, shapes, names, sizes)
     for n, pl in user_pins.items():
         pb.units[param_units[n]].pin = pl
+    for u, unit in enumerate(pb.units):
         for m in range(len(sizes)):
-            if not pb.allowed(param_units[n], m):
-                raise ValueError(f"parameter_placements[{n!r}] = {pl} is not a valid placement for "
-                                 f"a parameter of shape {shapes[n]}")
+            if not pb.allowed(u, m):
+                what = (f"parameter_placements[{unit.param_name!r}]" if unit.param_name
+                        else f"pin of {unit.node.name}")
+                raise ValueError(f"{what} = {unit.pin} is not a valid placement for a tensor of "
+                                 f"shape {tuple(unit.outs[0].shape)}")
+
+    t = time.perf_counter()
+    stats = DescentStats()
     recipes = [r for r in RECIPES if r != "fsdp_tp" or any(n in TENSOR for n in names)]
     priced: dict[str, dict] = {}
     starts = []

@@ -20,7 +20,6 @@ import itertools
 from collections import Counter
 
 import torch
-import torch.fx as fx
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
 from titan_autopar.apply.init import wrap_init_weights
@@ -146,8 +145,3 @@ def parallelize_module(model, plan, mesh, jg, local: LocalJoint, split: Split, t
     model.forward = lambda *inputs: program(model, *inputs)
     wrap_init_weights(model)
     return model
-
-
-def graph_text(gm: fx.GraphModule) -> str:
-    """The graph as Python code, for reading."""
-    return gm.print_readable(print_output=False)

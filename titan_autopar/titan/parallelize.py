@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import os
+import json
 from pathlib import Path
 
 import torch
@@ -142,7 +142,7 @@ def _plan(model, mesh, tokens, names, job_config):
         plan_json[0] = plan.to_json()
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(plan_json, src=0)  # every rank runs rank 0's plan
-    return Plan(__import__("json").loads(plan_json[0]))
+    return Plan(json.loads(plan_json[0]))
 
 
 def plan_and_apply(model, parallel_dims, job_config):
@@ -170,5 +170,4 @@ def plan_and_apply(model, parallel_dims, job_config):
     for line in plan.explain().splitlines()[:6]:
         log.info(f"[titan_autopar] {line}")
     model = apply_plan(model, plan, mesh, progress=lambda s: log.info(f"[titan_autopar] {s}"))
-    model.autopar.job_dump_folder = os.fspath(job_config.job.dump_folder)
     return model
