@@ -4,7 +4,7 @@
 single-process reference with the same weights -- for TorchTitan models both start on meta and
 get their weights from `init_weights` under the same seed, which also checks that a
 parallelised model initialises to the single-device parameters. `run_case` applies a plan and
-compares output, every gradient (gathered to full), the gradient norm, a no_grad eval forward
+compares output, every gradient (gathered to full; a floating-point input's too), the gradient norm, a no_grad eval forward
 and five AdamW steps' losses against the reference, returning the figures as a dict.
 """
 
@@ -126,10 +126,15 @@ def run_case(name: str, plan, mesh) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ropt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
     res.update(fwd_rel=[], grad_rel=[], worst_grad=[], loss=[], ref_loss=[])
+    # a floating-point input gets its gradient (a pipeline stage sends it to the stage before)
+    diff = [i for i, x in enumerate(inputs) if x.dtype.is_floating_point]
     for step in range(STEPS):
-        out = model(*local_in)
+        grad_in = step == 0 and bool(diff)
+        xs = [x.detach().requires_grad_(grad_in and i in diff) for i, x in enumerate(local_in)]
+        rxs = [x.detach().requires_grad_(grad_in and i in diff) for i, x in enumerate(inputs)]
+        out = model(*xs)
         (out * local_weight).sum().backward()
-        r = ref(*inputs)
+        r = ref(*rxs)
         rl = (r * weight).sum()
         rl.backward()
         full = _full(out, mesh, prog.output_placement, r)
@@ -141,6 +146,10 @@ def run_case(name: str, plan, mesh) -> dict:
         res["worst_grad"].append(worst)
         res["loss"].append((full * weight).sum().item())
         res["ref_loss"].append(rl.item())
+        if grad_in:
+            res["input_grad_rel"] = max(
+                _rel(_full(xs[i].grad, mesh, prog.input_placements[i], rxs[i]), rxs[i].grad)
+                for i in diff)
         if step == 0:
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
             norm = norm.full_tensor() if isinstance(norm, DTensor) else norm

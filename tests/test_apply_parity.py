@@ -5,7 +5,8 @@ debug model and its DeepSeek-V3 (MoE) debug model. Plans: parameters pinned to F
 pinned to TP column/row placements (on the tp dim), and the solver's own (output batch-sharded
 over the data-parallel dim). Plans are made here on a simulated mesh, saved, and replayed by the
 ranks. Each case checks initialisation; on the same weights, the forward (1e-5) and every
-gradient gathered to full (1e-4, relative to the largest entry) and the gradient norm; an eval
+gradient gathered to full (1e-4, relative to the largest entry; the input's too for the float-input
+models) and the gradient norm; an eval
 forward under no_grad; and the losses of five AdamW steps (1e-4 relative: after the first step
 the weights themselves differ by fp32 rounding, which Adam's normalisation amplifies).
 """
@@ -64,6 +65,9 @@ def test_parity_with_single_process(shape, tmp_path):
              f"gradient rel error {r['grad_rel'][0]:.2e} ({r['worst_grad'][0]})"),
             (all(abs(a - b) <= LOSS_TOL * max(1.0, abs(b)) for a, b in zip(r["loss"], r["ref_loss"])),
              f"losses {r['loss']} vs reference {r['ref_loss']}"),
+            (r.get("input_grad_rel", 0.0) <= GRAD_TOL and (m not in ("mlp", "attention") or
+                                                           "input_grad_rel" in r),
+             f"input gradient rel error {r.get('input_grad_rel')}"),
             (abs(r["grad_norm"] - r["ref_grad_norm"]) <= 1e-4 * r["ref_grad_norm"],
              f"grad norm {r['grad_norm']} vs {r['ref_grad_norm']}"),
             (r["dtensor_grads"], "gradients are not DTensors in their parameters' placements"),

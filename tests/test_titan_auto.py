@@ -6,6 +6,7 @@
   losses by at most 1e-5; the tolerance is 2e-4.
 - A checkpoint saved by the recipe's run resumes under auto, and one saved under auto resumes
   under the recipe: both continue at step 11 with the same losses.
+- pp=2 under auto: each pipeline stage is planned on its own and trains like the recipe's pp=2.
 - The MoE debug models deepseek_v3 and llama4 train under auto. (qwen3's 64-expert debug flavor
   is not here: its auto run was killed on a 2-core machine, cause not yet found.)
 - Bad configs stop with an error that says what to change.
@@ -20,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from titan_autopar.titan.launch import launch, parse_losses
+from titan_autopar.titan.launch import launch, parse_losses, tensorboard_scalars
+from titan_autopar.titan.predictions import MEMORY_TAG, STEP_TAG
 
 REPO = Path(__file__).resolve().parents[1]
 FSDP = "train_configs/llama3_debug_cpu_fsdp4.toml"
@@ -64,6 +66,13 @@ def test_auto_trains_like_the_fsdp_recipe(trained):
     assert len(plan["parameters"]) == 2 + 6 * 9 + 1
     assert "[titan_autopar] [apply] program built" in losses["auto_log"]
     assert "[titan_autopar]" not in losses["fsdp_log"]  # auto = false changes nothing
+    # the plan's predictions sit beside TorchTitan's measured figures in TensorBoard
+    predicted = tensorboard_scalars(root / "auto", STEP_TAG)
+    assert predicted == {1: pytest.approx(plan["predicted"]["step_time_s"]),
+                         10: pytest.approx(plan["predicted"]["step_time_s"])}
+    assert tensorboard_scalars(root / "auto", "time_metrics/end_to_end(s)")  # measured, same run
+    assert set(tensorboard_scalars(root / "auto", MEMORY_TAG).values()) == {
+        pytest.approx(plan["predicted"]["peak_memory_gib"])}
 
 
 def test_checkpoints_cross_between_recipe_and_auto(trained):
@@ -82,6 +91,29 @@ def test_checkpoints_cross_between_recipe_and_auto(trained):
     assert max(abs(a[s] - f[s]) for s in a) <= LOSS_TOL, (a, f)
 
 
+def test_pipeline_stages_are_planned_each(trained):
+    """pp=2 x dp_shard=2: TorchTitan splits llama3 into two stages and calls the parallelize
+    function per stage; each stage gets its own plan (the second one takes hidden states and
+    returns their gradient). From the same seed the recipe's pp=2 run and auto's agree."""
+    root, _ = trained
+    seed = root / "seed" / "checkpoint" / "step-0"
+    pp = ["--parallelism.pipeline_parallel_degree", 2, "--parallelism.data_parallel_shard_degree", 2]
+    losses = {}
+    for name, config in (("fsdp_pp2", FSDP), ("auto_pp2", AUTO)):
+        run = _run(config, 4, "--job.dump_folder", root / name, "--checkpoint.enable",
+                   "--checkpoint.initial_load_path", seed, "--training.steps", 5, *pp)
+        losses[name] = parse_losses(run.stdout, rank=3)  # the last stage prints the loss
+    auto, fsdp = losses["auto_pp2"], losses["fsdp_pp2"]
+    assert sorted(auto) == list(range(1, 6)) and auto[5] < auto[1] - 0.5, auto
+    assert max(abs(auto[s] - fsdp[s]) for s in auto) <= LOSS_TOL, (auto, fsdp)
+    first, last = (json.loads((root / "auto_pp2" / f"plan.pp{r}.json").read_text())
+                   for r in (0, 1))
+    assert "tok_embeddings.weight" in first["parameters"] and "output.weight" not in first["parameters"]
+    assert "output.weight" in last["parameters"] and "tok_embeddings.weight" not in last["parameters"]
+    assert first["fingerprint"]["inputs"] == [[[2, 256], "torch.int64"]]
+    assert last["fingerprint"]["inputs"] == [[[2, 256, 256], "torch.float32"]]
+
+
 @pytest.mark.parametrize("model", ["deepseek_v3", "llama4"])
 def test_moe_models_train_under_auto(model, tmp_path):
     run = _run(f"train_configs/{model}_debug_cpu_auto4.toml", 4, "--job.dump_folder", tmp_path,
@@ -97,6 +129,7 @@ def test_moe_models_train_under_auto(model, tmp_path):
     (["--auto_parallel.hardware", "tpu9"], "unknown hardware"),
     (["--auto_parallel.plan_file", "no/such/plan.json"], "does not exist"),
     (["--auto_parallel.memory_budget_gib", "0.001"], "budget"),
+    (["--parallelism.tensor_parallel_degree", "2"], "set data_parallel_shard_degree = 2"),
 ])
 def test_bad_auto_configs_say_what_to_change(args, says, tmp_path):
     run = _run(AUTO, 4, "--job.dump_folder", tmp_path, "--training.steps", 1, *args,

@@ -7,7 +7,8 @@ global shape arguments into local ones) or, for ops that only our rules cover (C
 attention, opaque blocks), directly on the local shards. make_fx records what actually runs on
 this rank: local aten ops and functional collectives (`_c10d_functional.*`), nothing else. The
 recorded graph takes local shards of (parameters, buffers, inputs, tangent) and returns local
-shards of (output, *parameter gradients), each gradient in its parameter's placement.
+shards of (output, *parameter gradients, *input gradients), each gradient in its parameter's (or
+floating-point input's) placement.
 
 Where DTensor lands an op's output on another placement than the plan's (its strategy list
 lacked the planned one), the value is moved to the planned placement and the node is counted in
@@ -81,6 +82,10 @@ class _Runner:
         self.mismatches: list[str] = []
         self.local_ops: set[str] = set()
         self.replicate = (Replicate(),) * mesh.ndim
+        # the placeholder whose placement each gradient takes: its parameter's, or its input's
+        first_input = len(jg.param_names) + len(jg.buffer_names)
+        self.grad_slots = [*range(len(jg.param_names)),
+                           *(first_input + k for k in jg.input_grad_nodes)]
 
     def to_dtensor(self, t: torch.Tensor, placements) -> DTensor:
         """A plain global tensor (a constant or a factory's result) as a DTensor."""
@@ -172,7 +177,7 @@ class _Runner:
             elif n.op == "output":
                 flat = pytree.tree_leaves(n.args[0])
                 out = self.fix(env[flat[0]], placements[-1])
-                grads = [self.fix(env[g], placements[i]) for i, g in enumerate(flat[1:])]
+                grads = [self.fix(env[g], placements[i]) for i, g in zip(self.grad_slots, flat[1:])]
                 return [out.to_local()] + [g.to_local() for g in grads]
         raise RuntimeError("the joint graph has no output node")
 

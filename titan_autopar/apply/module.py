@@ -11,7 +11,9 @@
 - `model.autopar` is that program, to inspect: its graphs, saved values, collectives.
 
 Runtime convention: each input arrives as the local shard its input placement implies and the
-output leaves as the local shard of its output placement; gradients do not flow to inputs.
+output leaves as the local shard of its output placement; a floating-point input that requires
+grad gets its gradient back as the local shard of its own placement (a pipeline stage sends it to
+the stage before).
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ class _Step(torch.autograd.Function):
     def backward(ctx, grad):
         program = ctx.program
         grads = program.split.backward(*ctx.saved_tensors, grad.contiguous())
-        return (None, *grads, *([None] * (program.n_buffers + program.n_inputs)))
+        input_grads = [None] * program.n_inputs
+        for k, g in zip(program.grad_inputs, grads[program.n_params:]):
+            input_grads[k] = g
+        return (None, *grads[: program.n_params], *([None] * program.n_buffers), *input_grads)
 
 
 class ParallelProgram:
@@ -58,6 +63,7 @@ class ParallelProgram:
         self.buffer_names = list(jg.buffer_names)
         self.n_params, self.n_buffers = len(jg.param_names), len(jg.buffer_names)
         self.n_inputs = jg.num_inputs
+        self.grad_inputs = list(jg.input_grad_nodes)  # inputs that get gradients, in order
         pl = local.placements
         self.param_placements = pl[: self.n_params]
         self.buffer_placements = pl[self.n_params : self.n_params + self.n_buffers]
@@ -91,7 +97,7 @@ class ParallelProgram:
         b_locals = [self._buffer_local(buffers[n], pl)
                     for n, pl in zip(self.buffer_names, self.buffer_placements)]
         flat = [*p_locals, *b_locals, *inputs]
-        if torch.is_grad_enabled() and any(p.requires_grad for p in p_locals):
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (*p_locals, *inputs)):
             return _Step.apply(self, *flat)
         return self.split.inference(*flat)[0]
 

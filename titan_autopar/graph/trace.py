@@ -3,7 +3,9 @@
 Owns `trace_joint`: it turns a model (on meta, CPU or fake) and global-shaped sample inputs into
 one aten-level FX graph of the training step -- the forward, then the backward that starts from
 the gradient of the model's output (TorchTitan computes the loss outside the model, so that
-gradient enters the graph as a placeholder, the *tangent*). It also records, for every repeated
+gradient enters the graph as a placeholder, the *tangent*). Floating-point inputs are
+differentiated too (a pipeline stage after the first sends its input's gradient back to the stage
+before), integer inputs such as token ids are not. It also records, for every repeated
 block (a child of an `nn.ModuleList` / `nn.ModuleDict`), which node ranges belong to its forward
 and its backward, so that `graph/regions.py` can share one decision among identical blocks.
 """
@@ -51,6 +53,7 @@ class JointGraph:
     tangent_node: fx.Node | None = None
     output_value: fx.Node | None = None  # the producer of the model output
     grad_nodes: dict[str, fx.Node | None] = field(default_factory=dict)  # param -> grad producer
+    input_grad_nodes: dict[int, fx.Node] = field(default_factory=dict)  # float input -> grad
 
 
 def _block_containers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -122,7 +125,8 @@ def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...])
 
     The graph's placeholders are, in order: parameters, buffers, sample inputs, the tangent (the
     gradient of the model's output). Its outputs are the model output then one gradient per
-    parameter (None where a parameter gets no gradient).
+    parameter, then one per floating-point input (`differentiable_inputs`), zeros where the
+    output does not depend on it.
     """
     t0 = time.perf_counter()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -131,6 +135,9 @@ def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...])
     inputs = tuple(_fake_like(fake_mode, x) for x in sample_inputs)
     for p in params.values():
         p.requires_grad_(True)
+    diff = differentiable_inputs(sample_inputs)
+    for i in diff:
+        inputs[i].requires_grad_(True)
 
     blocks = [BlockTrace(n, _signature(m)) for n, m in _block_containers(model)]
     with opaque_moe_blocks(model) as opaque_names:
@@ -147,7 +154,7 @@ def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...])
 
         def joint(params, buffers, inputs, tangent):
             out = torch.func.functional_call(model, {**params, **buffers}, inputs)
-            needs = list(params.values())
+            needs = list(params.values()) + [inputs[i] for i in diff]
             grads = torch.autograd.grad(out, needs, tangent, allow_unused=True)
             # a parameter the output does not depend on gets an explicit zero gradient
             grads = [torch.zeros_like(p) if g is None else g for p, g in zip(needs, grads)]
@@ -182,5 +189,11 @@ def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...])
     flat = torch.utils._pytree.tree_leaves(output.args[0])
     jg.output_value = flat[0]
     grads = flat[1:]
-    jg.grad_nodes = dict(zip(pnames, grads))
+    jg.grad_nodes = dict(zip(pnames, grads[:np_]))
+    jg.input_grad_nodes = dict(zip(diff, grads[np_:]))
     return jg
+
+
+def differentiable_inputs(sample_inputs) -> list[int]:
+    """Positions of the inputs the step differentiates: the floating-point ones."""
+    return [i for i, x in enumerate(sample_inputs) if x.dtype.is_floating_point]

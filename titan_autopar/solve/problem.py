@@ -9,7 +9,8 @@ programs in `solve/ilp.py` use the same functions, so what the solver optimises 
 predicts.
 
 Ties that are not ordinary data flow are edges too: a parameter's gradient flows into the
-parameter's unit (which requires it in the parameter's own placement: the gradient reduction),
+parameter's unit (which requires it in the parameter's own placement: the gradient reduction;
+a floating-point input's gradient flows into the input's unit the same way),
 and the model output flows into the tangent's unit (the output's gradient has the output's
 placement).
 """
@@ -132,6 +133,7 @@ class Problem:
         gm = jg.gm
         param_of = {n: name for name, n in jg.param_nodes.items()}
         inputs = set(jg.input_nodes)
+        diff_inputs = {jg.input_nodes[i] for i in jg.input_grad_nodes}
         bwd = backward_nodes(gm, jg.tangent_node)
         saved: dict[fx.Node, set[int]] = {}
         for s in saved_activations(gm, bwd):
@@ -155,8 +157,9 @@ class Problem:
                         param_name=param_of[n])
                 elif n is jg.tangent_node:
                     add(n, "tangent", builder.tensor_options(val, with_grad=True), [val], [val])
-                elif n in inputs:
-                    add(n, "input", builder.tensor_options(val), [val], [])
+                elif n in inputs:  # a differentiated input takes its gradient in its placement
+                    g = n in diff_inputs
+                    add(n, "input", builder.tensor_options(val, with_grad=g), [val], [val] if g else [])
                 else:
                     add(n, "buffer", builder.tensor_options(val), [val], [])
             elif n.op == "call_function" and n.target is not operator.getitem:
@@ -201,6 +204,9 @@ class Problem:
             if isinstance(g, fx.Node):
                 p, i = resolve(g)
                 link(p, i, self.index[reg.rep[jg.param_nodes[name]]], 0, True)
+        for k, g in jg.input_grad_nodes.items():
+            p, i = resolve(g)
+            link(p, i, self.index[reg.rep[jg.input_nodes[k]]], 0, False)
         p, i = resolve(jg.output_value)
         link(p, i, self.index[jg.tangent_node], 0, False)
         for key, w in counts.items():

@@ -4,7 +4,8 @@ A TorchTitan 0.2.2 job names this module in `[job] custom_config_module`; TorchT
 manager imports it and merges `JobConfig` below into its own, field by field. Importing it also
 registers, under the same names, wrapped train specs of llama3, llama4, deepseek_v3 and qwen3
 whose parallelize function plans the model when `parallelism.auto` is set and otherwise calls
-the model's own recipe unchanged (`titan/parallelize.py`).
+the model's own recipe unchanged (`titan/parallelize.py`), and puts a clear check of the
+parallelism degrees against the rank count before TorchTitan's own (`titan/degree_check.py`).
 
 (No `from __future__ import annotations` here: TorchTitan merges these dataclasses by their
 field types, which must be classes, not strings.)
@@ -12,6 +13,7 @@ field types, which must be classes, not strings.)
 
 from dataclasses import dataclass, field
 
+from titan_autopar.titan.degree_check import install_degree_check
 from titan_autopar.titan.parallelize import register_auto_train_specs
 
 
@@ -47,3 +49,4 @@ class JobConfig:
 
 
 register_auto_train_specs()
+install_degree_check()

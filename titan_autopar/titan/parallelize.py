@@ -9,10 +9,16 @@ With `auto = true`, `plan_and_apply`:
    left out),
 2. plans the model for TorchTitan's global batch (local batch x data-parallel degrees, the
    configured sequence length) with the batch split over the data-parallel dims on the way in
-   and on the way out (the logits meet each rank's own labels) -- rank 0 solves and sends the
-   plan to the others, so every rank runs the same plan -- or loads `[auto_parallel] plan_file`,
+   and on the way out (the logits meet each rank's own labels) -- the mesh's first rank solves
+   and sends the plan to the others, so every rank runs the same plan -- or loads
+   `[auto_parallel] plan_file`,
 3. applies it (`apply_plan`) and returns the model, still on meta; TorchTitan then materialises
    it and calls `init_weights`, which gives the single-device weights for the job's seed.
+
+With pp > 1 TorchTitan splits the model into stages and calls the parallelize function once per
+stage it holds: each stage is planned on its own slice of the mesh for one microbatch (a later
+stage's input is the hidden state, whose gradient the program returns), by that slice's first
+rank, and saved or replayed as its own file ("plan.pp1.json").
 
 TorchTitan's loss is each rank's summed loss over the global token count and the program's
 gradients are sums over ranks, so the gradients are those of the global mean, as with FSDP.
@@ -90,15 +96,63 @@ def mesh_dims(parallel_dims) -> tuple[tuple[str, ...], tuple[int, ...]]:
     return tuple(names), tuple(sizes)
 
 
+_MESHES: dict[tuple, object] = {}
+
+
 def _mesh(parallel_dims, names, sizes):
+    """This rank's planning mesh (built once per process: pipeline stages share it). With
+    pp > 1 it is the slice of a ("pp", *names) mesh that holds this rank's stage -- pp
+    outermost, as in TorchTitan's own mesh, so the stage's ranks are the same in both."""
     from torch.distributed.device_mesh import init_device_mesh
     from torchtitan.tools.utils import device_type
 
-    if parallel_dims.pp > 1:
-        full = init_device_mesh(device_type, (parallel_dims.pp, *sizes),
-                                mesh_dim_names=("pp", *names))
-        return full[names]
-    return init_device_mesh(device_type, sizes, mesh_dim_names=names)
+    key = (parallel_dims.pp, names, sizes)
+    if key not in _MESHES:
+        if parallel_dims.pp > 1:
+            full = init_device_mesh(device_type, (parallel_dims.pp, *sizes),
+                                    mesh_dim_names=("pp", *names))
+            _MESHES[key] = full[names]
+        else:
+            _MESHES[key] = init_device_mesh(device_type, sizes, mesh_dim_names=names)
+    return _MESHES[key]
+
+
+def stage_inputs(model, parallel_dims, job_config) -> torch.Tensor:
+    """What the (stage) model is called with, at the planned global shape, on meta.
+
+    Without pp: the step's tokens, local_batch_size x data-parallel degrees by seq_len. With
+    pp each call is one microbatch (pipeline_parallel_microbatch_size per rank), and a stage
+    without the token embedding (every stage after the first) takes the previous stage's
+    hidden states, (batch, seq_len, dim), in the parameters' dtype."""
+    t = job_config.training
+    dp = parallel_dims.dp_replicate * parallel_dims.dp_shard
+    per_rank = (job_config.parallelism.pipeline_parallel_microbatch_size
+                if parallel_dims.pp > 1 else t.local_batch_size)
+    if parallel_dims.pp > 1 and getattr(model, "tok_embeddings", True) is None:
+        dtype = next(model.parameters()).dtype
+        return torch.empty(per_rank * dp, t.seq_len, model.model_args.dim, dtype=dtype,
+                           device="meta")
+    return torch.empty(per_rank * dp, t.seq_len, dtype=torch.long, device="meta")
+
+
+def stage_tag(parallel_dims, job_config) -> str:
+    """Empty without pp; else which model part this call parallelises: "pp1" for pipeline rank 1's
+    stage, "pp1-2" for its third model part under a looped schedule (TorchTitan parallelises a
+    rank's parts in order, one call each)."""
+    if parallel_dims.pp <= 1:
+        return ""
+    k = getattr(job_config, "_titan_autopar_parts", 0)
+    job_config._titan_autopar_parts = k + 1
+    pp_rank = dist.get_rank() // (dist.get_world_size() // parallel_dims.pp)
+    return f"pp{pp_rank}" + (f"-{k}" if k else "")
+
+
+def with_tag(path: str, tag: str) -> str:
+    """Each pipeline stage has its own plan: "plan.json" -> "plan.pp1.json"."""
+    if not tag:
+        return path
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.{tag}{p.suffix}"))
 
 
 def _resolve(path: str, job_config) -> Path:
@@ -106,19 +160,21 @@ def _resolve(path: str, job_config) -> Path:
     return p if p.is_absolute() else Path(job_config.job.dump_folder) / p
 
 
-def _plan(model, mesh, tokens, names, job_config):
+def _plan(model, mesh, tokens, names, job_config, tag):
     from titan_autopar import Plan, plan_model
     from titan_autopar.plan import StalePlanError
     from titan_autopar.solve.recipes import default_input_placements
 
     ap = job_config.auto_parallel
     log = _log()
+    what = f"stage {tag} of " if tag else ""
     if ap.plan_file:
-        path = Path(ap.plan_file)
+        path = Path(with_tag(ap.plan_file, tag))
         if not path.exists():
-            raise AutoConfigError(f"[auto_parallel] plan_file = {ap.plan_file!r} does not exist: "
-                                  "give a plan saved by `save_plan` or `titan-autopar plan`, or "
-                                  "remove plan_file to plan now")
+            raise AutoConfigError(f"[auto_parallel] plan_file = {ap.plan_file!r}: {path} does not "
+                                  "exist: give a plan saved by `save_plan` or `titan-autopar plan` "
+                                  "(with pp > 1, one per stage: <name>.pp<rank>.json), or remove "
+                                  "plan_file to plan now")
         log.info(f"[titan_autopar] replaying the plan in {path}")
         plan = Plan.load(path)
         planned, now = plan.data["fingerprint"]["inputs"], [[list(tokens.shape), str(tokens.dtype)]]
@@ -126,11 +182,15 @@ def _plan(model, mesh, tokens, names, job_config):
             raise StalePlanError(
                 f"the plan in {path} was made for something else and cannot be replayed: inputs: "
                 f"plan has {planned}, now {now} (local_batch_size x data-parallel degrees, "
-                "seq_len). Plan again (remove plan_file) or restore the batch and sequence length.")
+                "seq_len; with pp, the microbatch). Plan again (remove plan_file) or restore the "
+                "batch and sequence length.")
         return plan
-    plan_json = [None]
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        log.info(f"[titan_autopar] planning {type(model).__name__} on mesh "
+    # the first rank of each stage's mesh plans that stage; every rank takes its stage's plan
+    first = int(mesh.mesh.flatten()[0])
+    me = dist.get_rank() if dist.is_initialized() else 0
+    plan_json = None
+    if me == first:
+        log.info(f"[titan_autopar] planning {what}{type(model).__name__} on mesh "
                  f"{dict(zip(names, mesh.shape))} for a {ap.hardware} cluster")
         plan = plan_model(
             model, mesh, (tokens,),
@@ -139,16 +199,19 @@ def _plan(model, mesh, tokens, names, job_config):
             solver=ap.solver, time_limit_s=ap.time_limit_s or None,
             progress=lambda s: log.info(f"[titan_autopar] {s}"),
         )
-        plan_json[0] = plan.to_json()
+        plan_json = plan.to_json()
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(plan_json, src=0)  # every rank runs rank 0's plan
-    return Plan(json.loads(plan_json[0]))
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, plan_json)
+        plan_json = every[first]
+    return Plan(json.loads(plan_json))
 
 
 def plan_and_apply(model, parallel_dims, job_config):
     """`auto = true`: plan (or replay) and apply; returns the model, parameters on meta."""
     from titan_autopar import apply_plan
     from titan_autopar.cost.hardware import get_hardware
+    from titan_autopar.titan.predictions import write_predictions
 
     log = _log()
     get_hardware(job_config.auto_parallel.hardware)  # an unknown preset fails here, clearly
@@ -160,13 +223,15 @@ def plan_and_apply(model, parallel_dims, job_config):
         log.info("[titan_autopar] activation checkpointing is not applied under auto yet "
                  f"(mode {job_config.activation_checkpoint.mode!r} ignored)")
     mesh = _mesh(parallel_dims, names, sizes)
-    dp = parallel_dims.dp_replicate * parallel_dims.dp_shard
-    tokens = torch.empty(job_config.training.local_batch_size * dp, job_config.training.seq_len,
-                         dtype=torch.long, device="meta")
-    plan = _plan(model, mesh, tokens, names, job_config)
-    if job_config.auto_parallel.save_plan and (not dist.is_initialized() or dist.get_rank() == 0):
-        path = plan.save(_resolve(job_config.auto_parallel.save_plan, job_config))
+    tag = stage_tag(parallel_dims, job_config)
+    inputs = stage_inputs(model, parallel_dims, job_config)
+    plan = _plan(model, mesh, inputs, names, job_config, tag)
+    me = dist.get_rank() if dist.is_initialized() else 0
+    if job_config.auto_parallel.save_plan and me == int(mesh.mesh.flatten()[0]):
+        path = plan.save(_resolve(with_tag(job_config.auto_parallel.save_plan, tag), job_config))
         log.info(f"[titan_autopar] plan saved to {path}")
+    if write_predictions(plan, parallel_dims, job_config, tag):
+        log.info("[titan_autopar] predicted step time and peak memory written to TensorBoard")
     for line in plan.explain().splitlines()[:6]:
         log.info(f"[titan_autopar] {line}")
     model = apply_plan(model, plan, mesh, progress=lambda s: log.info(f"[titan_autopar] {s}"))
