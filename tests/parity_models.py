@@ -19,6 +19,7 @@ from torch.distributed.tensor import DTensor
 
 from titan_autopar import apply_plan
 from titan_autopar.apply.init import local_slice
+from titan_autopar.apply.interpret import BLOCK_TAG
 
 BATCH, SEQ, DIM = 8, 32, 64
 MOE_MODEL = "deepseek_v3"
@@ -164,6 +165,9 @@ def run_case(name: str, plan, mesh) -> dict:
         ropt.zero_grad()
     res["collectives"] = prog.collectives()
     res["mismatches"] = len(prog.local.mismatches)
+    tagged = {n.name for n in prog.local.gm.graph.nodes if BLOCK_TAG in n.meta}
+    res["recomputed_in_blocks"] = len(tagged & set(prog.split.recomputed))
+    res["saved"] = len(prog.split.saved)
     return res
 
 

@@ -3,7 +3,8 @@
 Meshes: 2 ranks 1-D, 4 ranks 1-D, 2x2. Models: an MLP, an attention block, TorchTitan's llama3
 debug model and its DeepSeek-V3 (MoE) debug model. Plans: parameters pinned to FSDP placements,
 pinned to TP column/row placements (on the tp dim), and the solver's own (output batch-sharded
-over the data-parallel dim). Plans are made here on a simulated mesh, saved, and replayed by the
+over the data-parallel dim); for llama3 and the MoE model also the solver's own with activation
+checkpointing ("full", "selective"), whose programs recompute block activations in backward. Plans are made here on a simulated mesh, saved, and replayed by the
 ranks. Each case checks initialisation; on the same weights, the forward (1e-5) and every
 gradient gathered to full (1e-4, relative to the largest entry; the input's too for the float-input
 models) and the gradient norm; an eval
@@ -19,12 +20,13 @@ import pytest
 import torch
 
 from dist_harness import read_result, run_ranks
-from parity_models import MODELS, inputs_of, meta_model, parity_worker
+from parity_models import MODELS, MOE_MODEL, inputs_of, meta_model, parity_worker
 from titan_autopar import plan_model
 from titan_autopar.cli import fake_mesh
 from titan_autopar.solve.recipes import default_input_placements
 
 KINDS = ("fsdp", "tp", "auto")
+AC_CASES = (("llama3", "ac_full"), (MOE_MODEL, "ac_selective"))
 FWD_TOL, GRAD_TOL, LOSS_TOL = 1e-5, 1e-4, 1e-4
 
 
@@ -42,13 +44,16 @@ def make_plan(name: str, kind: str, shape: tuple[int, ...], path) -> None:
     keywords = {"fsdp": {"parameter_placements": "fsdp"},
                 "tp": {"parameter_placements": "fsdp_tp"},
                 "auto": {"output_placements": [default_input_placements(names, torch.empty(1, 1, 1))]}}
+    # activation checkpointing: the plan's program recomputes each block's activations
+    for mode in ("full", "selective"):
+        keywords[f"ac_{mode}"] = {**keywords["auto"], "activation_checkpointing": mode}
     plan = plan_model(model, mesh, inputs, progress=lambda s: None, **keywords[kind])
     plan.save(path)
 
 
 @pytest.mark.parametrize("shape", [(2,), (4,), (2, 2)], ids=["2", "4", "2x2"])
 def test_parity_with_single_process(shape, tmp_path):
-    cases = [(m, k) for m in MODELS for k in KINDS]
+    cases = [(m, k) for m in MODELS for k in KINDS] + list(AC_CASES)
     plans = tmp_path / "plans"
     plans.mkdir()
     for m, k in cases:
@@ -76,6 +81,13 @@ def test_parity_with_single_process(shape, tmp_path):
             (r["mismatches"] == 0, f"{r['mismatches']} values off their planned placement"),
         ]
         failures += [f"{case}: {msg}" for ok, msg in checks if not ok]
+        if k.startswith("ac_"):  # fewer values kept, more computed again, than without it
+            plain = read_result(tmp_path, f"{m}-auto")
+            if not (r["saved"] < plain["saved"] and
+                    r["recomputed_in_blocks"] > plain["recomputed_in_blocks"] + 10):
+                failures.append(f"{case}: saved {r['saved']} (without: {plain['saved']}), "
+                                f"recomputed {r['recomputed_in_blocks']} in blocks "
+                                f"(without: {plain['recomputed_in_blocks']})")
         if k == "fsdp" and m != "mlp":  # sharded parameters are gathered: collectives must run
             if not any("all_gather" in c for c in r["collectives"]):
                 failures.append(f"{case}: no all-gather in an FSDP program: {r['collectives']}")

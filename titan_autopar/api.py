@@ -21,6 +21,7 @@ from titan_autopar.apply.module import new_token, parallelize_module
 from titan_autopar.apply.partition import split_joint
 from titan_autopar.cost.hardware import GiB, get_hardware
 from titan_autopar.cost.memory import Precision
+from titan_autopar.graph.recompute import check_mode
 from titan_autopar.graph.regions import find_regions
 from titan_autopar.graph.trace import trace_joint
 from titan_autopar.plan import Plan, build_plan, fingerprint
@@ -80,6 +81,7 @@ def plan_model(
     solver: str = "cbc",
     time_limit_s: float | None = None,
     precision: Precision | None = None,
+    activation_checkpointing: str = "none",
     progress=None,
 ) -> Plan:
     """Plan `model`'s training step on `mesh`: one placement per parameter and per graph node.
@@ -88,6 +90,8 @@ def plan_model(
     dims, sequence over cp) and `output_placements` (default: free) pin what enters and leaves.
     `parameter_placements` pins parameters: a dict name -> placements (parameters left out stay
     free), or a recipe name ("fsdp", "fsdp_tp") for that recipe's placements of every parameter.
+    `activation_checkpointing` ("none", "selective", "full"; see `graph/recompute.py`) prices
+    the recomputation of each block's activations, and the plan's program recomputes them.
     `progress` receives one line per phase (default: the "titan_autopar" logger).
     """
     say = progress or log.info
@@ -119,7 +123,8 @@ def plan_model(
 
     t = time.perf_counter()
     builder = OptionBuilder(mesh[names[0]])
-    pb = Problem(jg, regions, builder, sizes, hw, prec)
+    pb = Problem(jg, regions, builder, sizes, hw, prec,
+                 recompute=check_mode(activation_checkpointing))
     n_opts = sum(len(u.options) for u in pb.units)
     phases["enumerate"] = {"seconds": time.perf_counter() - t, "units": len(pb.units),
                            "options": n_opts, "edges": len(pb.edges)}
@@ -199,6 +204,7 @@ def plan_model(
         mesh_names=names, hardware=hw, budget=budget, solver=solver, stats=stats,
         recipes=priced, fallbacks=dict(builder.fallbacks), opaque=jg.opaque_blocks, start=start,
     )
+    plan.data["activation_checkpointing"] = activation_checkpointing
     phases["plan"] = {"seconds": time.perf_counter() - t}
     plan.timings = phases
     return plan
@@ -222,6 +228,7 @@ def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
     `model.autopar.output_placement`). `recompute_parameters` gathers parameters again for
     the backward instead of keeping the gathered copies (FSDP's reshard-after-forward);
     `bucket` merges each block's parameter all-gathers and gradient reduce-scatters into one.
+    The plan's activation checkpointing mode decides which activations the backward recomputes.
     A plan made for another model, inputs or mesh is refused with what differs.
     """
     say = progress or log.info
@@ -243,7 +250,8 @@ def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
     timings["program_s"] = time.perf_counter() - t
     t = time.perf_counter()
     split = split_joint(local.gm, len(jg.param_names) + len(jg.buffer_names),
-                        recompute_parameters=recompute_parameters)
+                        recompute_parameters=recompute_parameters,
+                        checkpointing=plan.data.get("activation_checkpointing", "none"))
     if bucket:
         phs = [n.name for n in local.gm.graph.nodes if n.op == "placeholder"]
         local.buckets = bucket_collectives(split.forward, split.backward,

@@ -2,6 +2,7 @@
 
   titan-autopar plan --model llama3 --flavor 8B --mesh dp_shard=8,tp=8 --hardware h100 \
       --seq-len 8192 --local-batch-size 1 --out plan.json
+  titan-autopar plan --config train_configs/llama3_8b_64gpu_auto.toml --explain
   titan-autopar explain plan.json
   titan-autopar diff a.json b.json
 
@@ -52,6 +53,15 @@ def cmd_plan(a) -> int:
     from titan_autopar import plan_model
     from titan_autopar.titan.models import build_model, global_batch
 
+    if a.config:  # the job file decides model, shapes, mesh, hardware and budget
+        from titan_autopar.titan.job_file import planning_job
+
+        job = planning_job(a.config)
+        a.model, a.flavor, a.seq_len = job.model, job.flavor, job.seq_len
+        a.local_batch_size, a.hardware = job.local_batch_size, job.hardware
+        a.memory_budget_gib = a.memory_budget_gib or job.memory_budget_gib
+        a.activation_checkpointing = job.activation_checkpointing
+        a.mesh = ",".join(f"{n}={s}" for n, s in zip(job.mesh_names, job.mesh_sizes))
     names, sizes = parse_mesh(a.mesh)
     t0 = time.perf_counter()
     say = lambda s: print(f"[{time.perf_counter() - t0:6.1f}s] {s}", flush=True)  # noqa: E731
@@ -63,7 +73,8 @@ def cmd_plan(a) -> int:
     say(f"planning a global batch of {batch} x {a.seq_len} tokens on {'x'.join(map(str, sizes))} "
         f"simulated {a.hardware} ranks")
     plan = plan_model(model, mesh, (tokens,), hardware=a.hardware, memory_budget_gib=a.memory_budget_gib,
-                      solver=a.solver, time_limit_s=a.time_limit_s, progress=say)
+                      solver=a.solver, time_limit_s=a.time_limit_s,
+                      activation_checkpointing=a.activation_checkpointing, progress=say)
     plan.save(a.out, timings=a.timings)
     say(f"wrote {a.out}")
     if a.explain:
@@ -99,6 +110,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="titan-autopar", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("plan", help="plan a TorchTitan model on a simulated cluster")
+    p.add_argument("--config", default=None, help="a TorchTitan TOML: plan that job (its model, "
+                   "flavor, seq_len, local_batch_size, degrees, hardware); replaces the options below")
     p.add_argument("--model", default="llama3")
     p.add_argument("--flavor", default="8B")
     p.add_argument("--mesh", default="dp_shard=8,tp=8", help="name=size,... outermost first")
@@ -107,6 +120,9 @@ def main(argv=None) -> int:
     p.add_argument("--local-batch-size", type=int, default=1)
     p.add_argument("--memory-budget-gib", type=float, default=None)
     p.add_argument("--solver", default="cbc", choices=["cbc", "highs"])
+    p.add_argument("--activation-checkpointing", default="none",
+                   choices=["none", "selective", "full"],
+                   help="recompute block activations in backward (TorchTitan's AC modes)")
     p.add_argument("--time-limit-s", type=float, default=None)
     p.add_argument("--out", default="plan.json")
     p.add_argument("--timings", action="store_true", help="also write wall-clock phase timings")

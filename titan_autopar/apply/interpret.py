@@ -13,6 +13,9 @@ floating-point input's) placement.
 Where DTensor lands an op's output on another placement than the plan's (its strategy list
 lacked the planned one), the value is moved to the planned placement and the node is counted in
 `LocalJoint.mismatches`: the program stays correct, the plan's prediction for it does not.
+
+Every local node recorded while a repeated block's forward ran carries that block's name in
+`meta["autopar_block"]`: activation checkpointing (`apply/partition.py`) recomputes by block.
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor, Partial, Replicate
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 from torch.utils import _pytree as pytree
 
 from titan_autopar.apply.opaque_run import OPAQUE_OPS, bind_name
+from titan_autopar.graph.recompute import blocks_by_position
 from titan_autopar.graph.trace import JointGraph
 from titan_autopar.plan import Plan, StalePlanError, parse_placement
 from titan_autopar.strategy.rules import own_rules
@@ -74,6 +78,21 @@ def _placeholder_placements(jg: JointGraph, plan: Plan) -> list[tuple]:
     return out
 
 
+BLOCK_TAG = "autopar_block"  # meta key: the repeated block whose forward recorded this node
+
+
+def _last_recorded() -> fx.Node:
+    return next(reversed(get_proxy_mode().tracer.graph.nodes))
+
+
+def _tag_since(last: fx.Node, block: str) -> None:
+    """Tag the nodes recorded after `last` as part of `block`'s forward."""
+    n = last.next
+    while n.op != "root":
+        n.meta[BLOCK_TAG] = block
+        n = n.next
+
+
 class _Runner:
     def __init__(self, jg: JointGraph, plan: Plan, mesh, token: str):
         self.jg, self.mesh, self.token = jg, mesh, token
@@ -82,6 +101,8 @@ class _Runner:
         self.mismatches: list[str] = []
         self.local_ops: set[str] = set()
         self.replicate = (Replicate(),) * mesh.ndim
+        self.block_of = {n: b for n, b in blocks_by_position(jg.gm, jg.blocks).items()
+                         if n.op == "call_function"}
         # the placeholder whose placement each gradient takes: its parameter's, or its input's
         first_input = len(jg.param_names) + len(jg.buffer_names)
         self.grad_slots = [*range(len(jg.param_names)),
@@ -90,7 +111,7 @@ class _Runner:
     def to_dtensor(self, t: torch.Tensor, placements) -> DTensor:
         """A plain global tensor (a constant or a factory's result) as a DTensor."""
         d = DTensor.from_local(t, self.mesh, self.replicate, run_check=False)
-        return d.redistribute(self.mesh, placements) if tuple(placements) != self.replicate else d
+        return self.redistribute(d, tuple(placements)) if tuple(placements) != self.replicate else d
 
     def fix(self, value, want, name: str | None = None):
         """`value` as a DTensor placed `want`; `name` counts a move the plan did not price."""
@@ -98,11 +119,29 @@ class _Runner:
             if tuple(value.placements) != tuple(want):
                 if name:
                     self.mismatches.append(name)
-                value = value.redistribute(self.mesh, want)
+                value = self.redistribute(value, tuple(want))
             return value
         if isinstance(value, torch.Tensor):
             return self.to_dtensor(value, want)
         return value
+
+    def redistribute(self, value: DTensor, want: tuple) -> DTensor:
+        """DTensor's redistribute, plus what it refuses and the plan may choose: a value made
+        Partial (sum) on a dim where it is not -- it is kept whole on that dim's first rank and
+        zero on the others (the cost model prices this the same way)."""
+        made = [m for m, (have, w) in enumerate(zip(value.placements, want))
+                if isinstance(w, Partial) and not isinstance(have, Partial)]
+        if not made:
+            return value.redistribute(self.mesh, want)
+        if any(w.reduce_op != "sum" for w in (want[m] for m in made)):
+            raise NotImplementedError(f"the plan makes a value {want}; only sum partials are made")
+        step = tuple(Replicate() if m in made else w for m, w in enumerate(want))
+        value = value.redistribute(self.mesh, step) if tuple(value.placements) != step else value
+        local = value.to_local()
+        if any(self.mesh.get_local_rank(m) != 0 for m in made):
+            local = torch.zeros_like(local)
+        return DTensor.from_local(local, self.mesh, want, run_check=False, shape=value.shape,
+                                  stride=value.stride())
 
     def run_node(self, n: fx.Node, env: dict):
         entry = self.nodes.get(n.name)
@@ -173,7 +212,11 @@ class _Runner:
             elif n.op == "call_function" and n.target is operator.getitem:
                 env[n] = env[n.args[0]][n.args[1]]
             elif n.op == "call_function":
+                block = self.block_of.get(n)
+                last = _last_recorded() if block else None
                 env[n] = self.run_node(n, env)
+                if block:
+                    _tag_since(last, block)
             elif n.op == "output":
                 flat = pytree.tree_leaves(n.args[0])
                 out = self.fix(env[flat[0]], placements[-1])

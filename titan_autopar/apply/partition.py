@@ -10,6 +10,10 @@ The joint program takes (parameters, buffers, inputs, tangent) and returns (outp
 a forward value computed from parameters and buffers alone -- a gathered weight, its transpose,
 its cast -- is not saved but computed again in the backward from the parameter shard, exactly as
 FSDP frees gathered weights after the forward and gathers them again for the backward.
+With activation checkpointing (`checkpointing` = "full" or "selective", see
+`graph/recompute.py`) the values inside each block are computed again the same way. Every
+recomputed value is placed just before its first reader in the backward, so one block's
+recomputed activations (and gathered weights) are alive at a time.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ import operator
 from dataclasses import dataclass
 
 import torch.fx as fx
+
+from titan_autopar.apply.interpret import BLOCK_TAG
+from titan_autopar.graph.recompute import recomputable
 
 
 @dataclass
@@ -41,13 +48,13 @@ def _ancestors(roots) -> set[fx.Node]:
     return seen
 
 
-def _graph(gm: fx.GraphModule, placeholders, body, outputs, names=None) -> fx.GraphModule:
+def _graph(gm: fx.GraphModule, placeholders, body, outputs, names=None, order=None) -> fx.GraphModule:
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for i, p in enumerate(placeholders):
         env[p] = g.placeholder(names[i] if names else p.name)
         env[p].meta = dict(p.meta)
-    for n in gm.graph.nodes:
+    for n in (order if order is not None else gm.graph.nodes):
         if n in body:
             env[n] = g.node_copy(n, lambda a: env[a])
     g.output(tuple(env[o] for o in outputs))
@@ -55,8 +62,33 @@ def _graph(gm: fx.GraphModule, placeholders, body, outputs, names=None) -> fx.Gr
     return fx.GraphModule(gm, g)
 
 
-def split_joint(gm: fx.GraphModule, n_state: int, *, recompute_parameters: bool = True) -> Split:
-    """`n_state` = number of parameter and buffer placeholders (they come first)."""
+def _lazy_order(gm: fx.GraphModule, bwd: set[fx.Node], recomputed: set[fx.Node]) -> list[fx.Node]:
+    """The backward's nodes in program order, each recomputed value placed just before its
+    first reader (so a block's values are recomputed when that block's backward runs)."""
+    order: list[fx.Node] = []
+    done: set[fx.Node] = set()
+    for n in gm.graph.nodes:
+        if n not in bwd or n in recomputed:
+            continue
+        stack = [(n, False)]
+        while stack:
+            x, ready = stack.pop()
+            if x in done:
+                continue
+            if ready:
+                done.add(x)
+                order.append(x)
+                continue
+            stack.append((x, True))
+            stack.extend((a, False) for a in reversed(x.all_input_nodes)
+                         if a in recomputed and a not in done)
+    return order
+
+
+def split_joint(gm: fx.GraphModule, n_state: int, *, recompute_parameters: bool = True,
+                checkpointing: str = "none") -> Split:
+    """`n_state` = number of parameter and buffer placeholders (they come first);
+    `checkpointing` is an activation checkpointing mode of `graph/recompute.py`."""
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     tangent = phs[-1]
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
@@ -76,16 +108,19 @@ def split_joint(gm: fx.GraphModule, n_state: int, *, recompute_parameters: bool 
 
     need = _ancestors(grads) - set(phs)
     bwd = need - fwd
-    recomputed: set[fx.Node] = set()
+    again = recomputable({n: n.meta[BLOCK_TAG] for n in fwd if BLOCK_TAG in n.meta},
+                         set(gm.graph.nodes) - fwd, checkpointing)
     if recompute_parameters:
-        work = list(bwd)
-        while work:
-            n = work.pop()
-            for a in n.all_input_nodes:
-                if a in fwd and a in state_only and a.op != "placeholder" and a not in recomputed:
-                    recomputed.add(a)
-                    work.append(a)
-        bwd |= recomputed
+        again |= state_only
+    recomputed: set[fx.Node] = set()
+    work = list(bwd)
+    while work:
+        n = work.pop()
+        for a in n.all_input_nodes:
+            if a in fwd and a in again and a.op != "placeholder" and a not in recomputed:
+                recomputed.add(a)
+                work.append(a)
+    bwd |= recomputed
 
     saved: list[fx.Node] = []
     seen: set[fx.Node] = set()
@@ -104,7 +139,8 @@ def split_joint(gm: fx.GraphModule, n_state: int, *, recompute_parameters: bool 
 
     forward = _graph(gm, phs[:-1], fwd, [out_v, *saved])
     backward = _graph(gm, [*saved, tangent], bwd, grads,
-                      names=[f"saved_{s.name}" for s in saved] + [tangent.name])
+                      names=[f"saved_{s.name}" for s in saved] + [tangent.name],
+                      order=_lazy_order(gm, bwd, recomputed))
     inference = _graph(gm, phs[:-1], infer, [out_v])
     return Split(forward, backward, inference, [s.name for s in saved],
                  sorted(n.name for n in recomputed))

@@ -28,7 +28,8 @@ from torch.distributed.tensor.placement_types import Placement
 from titan_autopar.cost.comm import Topology, redistribute_time
 from titan_autopar.cost.compute import VIEW_OPS, compute_time
 from titan_autopar.cost.hardware import Hardware
-from titan_autopar.cost.memory import Precision, backward_nodes, saved_activations
+from titan_autopar.cost.memory import Precision, backward_nodes, base_of, saved_activations
+from titan_autopar.graph.recompute import blocks_by_position, recomputable
 from titan_autopar.graph.regions import Regions
 from titan_autopar.graph.trace import JointGraph
 from titan_autopar.strategy.options import (
@@ -54,6 +55,7 @@ class Unit:
     saved: tuple[int, ...] = ()
     pin: tuple[Placement, ...] | None = None  # required N-D placement of output 0
     param_name: str | None = None
+    recomputed: bool = False  # activation checkpointing runs its forward again in backward
 
 
 @dataclass
@@ -116,6 +118,7 @@ class Problem:
         mesh_shape: tuple[int, ...],
         hw: Hardware,
         prec: Precision,
+        recompute: str = "none",
     ):
         self.jg, self.regions, self.hw, self.prec = jg, regions, hw, prec
         self.sizes = tuple(mesh_shape)
@@ -125,6 +128,7 @@ class Problem:
         self.edges: list[Edge] = []
         self._unit_cache: dict[tuple, tuple[float, dict] | None] = {}
         self._edge_cache: dict[tuple, float] = {}
+        self.recompute = recompute
         self._build(builder)
 
     # ------------------------------------------------------------------ building
@@ -136,9 +140,15 @@ class Problem:
         diff_inputs = {jg.input_nodes[i] for i in jg.input_grad_nodes}
         bwd = backward_nodes(gm, jg.tangent_node)
         saved: dict[fx.Node, set[int]] = {}
-        for s in saved_activations(gm, bwd):
+        again = recomputable(blocks_by_position(gm, jg.blocks), bwd, self.recompute)
+        keep = set(saved_activations(gm, bwd))
+        for n in again:  # what the recomputation starts from is kept instead
+            keep.update(base_of(a) for a in n.all_input_nodes
+                        if a.op == "call_function" and a not in bwd)
+        for s in keep:
             p, i = resolve(s)
-            saved.setdefault(p, set()).add(i)
+            if p not in again:
+                saved.setdefault(p, set()).add(i)
 
         def add(node: fx.Node, kind: str, options, outs, ins, **kw) -> None:
             self.index[node] = len(self.units)
@@ -168,7 +178,8 @@ class Problem:
                 ):
                     opts, _ = builder.options(n)
                     ins = [_v(p, i) for p, i in tensor_inputs(n)]
-                    add(n, "op", opts, output_metas(n), ins, saved=tuple(sorted(saved.get(n, ()))))
+                    add(n, "op", opts, output_metas(n), ins, saved=tuple(sorted(saved.get(n, ()))),
+                        recomputed=n in again)
 
         # param-side values: parameters and views of them; gradients and views feeding them
         param_derived: set[fx.Node] = set(param_of)
@@ -281,6 +292,8 @@ class Problem:
                     if any(p is not None and not isinstance(p, Replicate) for p in (*o.out, *o.ins)):
                         split *= k
                 compute = w * compute_time(unit.node, split, traffic, self.hw, prec.activation)
+                if unit.recomputed:  # once in the forward, once more in the backward
+                    compute *= 2
                 for j in unit.saved:
                     mem["activations"] += w * out_local[j] * itemsize(unit.outs[j], prec)
             res = (compute, mem)

@@ -34,6 +34,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from titan_autopar.titan.job_file import planner_mesh
+
 MODELS = ("llama3", "llama4", "deepseek_v3", "qwen3")
 _MARK = "_titan_autopar_auto"
 
@@ -88,12 +90,7 @@ def mesh_dims(parallel_dims) -> tuple[tuple[str, ...], tuple[int, ...]]:
             f"context_parallel_degree = {pd.cp} with auto = true: the planner has no ring "
             "attention yet, so cp cannot be planned. Set context_parallel_degree = 1 (and give "
             "the ranks to data_parallel_shard_degree), or use auto = false for TorchTitan's CP.")
-    dims = [(n, s) for n, s in (("dp_replicate", pd.dp_replicate), ("dp_shard", pd.dp_shard),
-                                ("tp", pd.tp)) if s > 1]
-    if not dims:
-        dims = [("dp_shard", 1)]
-    names, sizes = zip(*dims)
-    return tuple(names), tuple(sizes)
+    return planner_mesh(pd.dp_replicate, pd.dp_shard, pd.tp)
 
 
 _MESHES: dict[tuple, object] = {}
@@ -184,6 +181,12 @@ def _plan(model, mesh, tokens, names, job_config, tag):
                 f"plan has {planned}, now {now} (local_batch_size x data-parallel degrees, "
                 "seq_len; with pp, the microbatch). Plan again (remove plan_file) or restore the "
                 "batch and sequence length.")
+        ac = plan.data.get("activation_checkpointing", "none")
+        if ac != job_config.activation_checkpoint.mode:
+            raise StalePlanError(
+                f"the plan in {path} was made with activation checkpointing {ac!r}, the job asks "
+                f"for {job_config.activation_checkpoint.mode!r}: plan again (remove plan_file) or "
+                f"set [activation_checkpoint] mode = {ac!r}")
         return plan
     # the first rank of each stage's mesh plans that stage; every rank takes its stage's plan
     first = int(mesh.mesh.flatten()[0])
@@ -197,6 +200,7 @@ def _plan(model, mesh, tokens, names, job_config, tag):
             output_placements=[default_input_placements(names, torch.empty(1, 1, 1))],
             hardware=ap.hardware, memory_budget_gib=ap.memory_budget_gib or None,
             solver=ap.solver, time_limit_s=ap.time_limit_s or None,
+            activation_checkpointing=job_config.activation_checkpoint.mode,
             progress=lambda s: log.info(f"[titan_autopar] {s}"),
         )
         plan_json = plan.to_json()
@@ -219,9 +223,6 @@ def plan_and_apply(model, parallel_dims, job_config):
     if parallel_dims.ep > 1:
         log.info(f"[titan_autopar] expert_parallel_degree = {parallel_dims.ep} is not planned yet: "
                  "MoE experts run data-parallel under auto")
-    if job_config.activation_checkpoint.mode != "none":
-        log.info("[titan_autopar] activation checkpointing is not applied under auto yet "
-                 f"(mode {job_config.activation_checkpoint.mode!r} ignored)")
     mesh = _mesh(parallel_dims, names, sizes)
     tag = stage_tag(parallel_dims, job_config)
     inputs = stage_inputs(model, parallel_dims, job_config)

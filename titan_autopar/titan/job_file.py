@@ -1,0 +1,72 @@
+"""What a TorchTitan job file asks the planner for, read without starting TorchTitan.
+
+`planning_job(path)` reads a TOML config (the `[model]`, `[training]`, `[parallelism]` and
+`[auto_parallel]` sections) and returns what `titan-autopar plan --config` needs to plan that
+job on a simulated cluster: model and flavor, sequence length, local batch, the mesh (the same
+dims `auto = true` builds at run time: dp_replicate, dp_shard, tp, degree-1 dims left out) and
+the hardware preset, memory budget and activation checkpointing mode. A config the planner cannot take says what to change.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class PlanningJob:
+    model: str
+    flavor: str
+    seq_len: int
+    local_batch_size: int
+    mesh_names: tuple[str, ...]
+    mesh_sizes: tuple[int, ...]
+    hardware: str
+    memory_budget_gib: float | None
+    world_size: int
+    activation_checkpointing: str
+
+
+def planner_mesh(dp_replicate: int, dp_shard: int, tp: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The planner's mesh dims for these degrees, outermost first, degree-1 dims left out."""
+    dims = [(n, s) for n, s in (("dp_replicate", dp_replicate), ("dp_shard", dp_shard),
+                                ("tp", tp)) if s > 1] or [("dp_shard", 1)]
+    names, sizes = zip(*dims)
+    return tuple(names), tuple(sizes)
+
+
+def planning_job(path: str | Path) -> PlanningJob:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no config at {path}: give a TorchTitan TOML such as "
+                                "train_configs/llama3_8b_64gpu_auto.toml")
+    with path.open("rb") as f:
+        cfg = tomllib.load(f)
+    model, training = cfg.get("model", {}), cfg.get("training", {})
+    par, ap = cfg.get("parallelism", {}), cfg.get("auto_parallel", {})
+    deg = {k: int(par.get(f"{k}_degree", 1)) for k in (
+        "data_parallel_replicate", "data_parallel_shard", "tensor_parallel", "pipeline_parallel",
+        "context_parallel")}
+    if deg["data_parallel_shard"] < 1:
+        raise ValueError(f"{path}: data_parallel_shard_degree = {deg['data_parallel_shard']}; "
+                         "planning ahead needs the cluster size: write the degree out (e.g. 64 "
+                         "for 64 GPUs with no other parallelism)")
+    for k in ("pipeline_parallel", "context_parallel"):
+        if deg[k] > 1:
+            raise ValueError(f"{path}: {k}_degree = {deg[k]}: `plan --config` plans the whole "
+                             "model on one mesh; pipeline stages are planned when the job runs, "
+                             "and cp is not planned under auto. Set it to 1 to plan ahead.")
+    names, sizes = planner_mesh(deg["data_parallel_replicate"], deg["data_parallel_shard"],
+                                deg["tensor_parallel"])
+    world = 1
+    for s in sizes:
+        world *= s
+    budget = float(ap.get("memory_budget_gib", 0.0)) or None
+    return PlanningJob(
+        model=model.get("name", "llama3"), flavor=model.get("flavor", "debugmodel"),
+        seq_len=int(training.get("seq_len", 2048)),
+        local_batch_size=int(training.get("local_batch_size", 8)),
+        mesh_names=tuple(names), mesh_sizes=tuple(sizes),
+        hardware=ap.get("hardware", "h100"), memory_budget_gib=budget, world_size=world,
+        activation_checkpointing=cfg.get("activation_checkpoint", {}).get("mode", "selective"))
