@@ -19,9 +19,10 @@ demo: $(STAMP)
 	# 1. plan Llama3-8B for a simulated 64-GPU H100 cluster and explain the plan
 	$(BIN)/titan-autopar plan --model llama3 --flavor 8B --mesh dp_shard=8,tp=8 --hardware h100 \
 		--seq-len 8192 --local-batch-size 1 --out out/llama3_8b_64gpu.plan.json --explain
-	# 2. train the llama3 debug model with TorchTitan's trainer on 4 CPU ranks, parallelism.auto = true
-	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node=4 -m titan_autopar.titan.cpu \
-		--job.config_file train_configs/llama3_debug_cpu_auto4.toml
+	# 2. A/B on 4 CPU ranks: TorchTitan's trainer on the llama3 debug model with parallelism.auto = true
+	#    against its FSDP recipe, from one seed checkpoint (table here; JSON and PNG in out/ab/)
+	OMP_NUM_THREADS=1 $(BIN)/titan-autopar ab --config train_configs/llama3_debug_cpu_auto4.toml \
+		--twin train_configs/llama3_debug_cpu_fsdp4.toml --nproc 4 --steps 10
 
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests
