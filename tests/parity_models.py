@@ -189,3 +189,35 @@ def parity_worker(rank: int, cases: list[tuple[str, str]], plan_dir: str, out_di
         res = run_case(name, plan, meshes[key])
         if rank == 0:
             write_result(out_dir, f"{name}-{kind}", res)
+
+
+def mixed_precision_worker(rank: int, plan_path: str, out_dir: str) -> None:
+    """llama3 under a bf16 plan on 2 ranks against the single-process model run with its
+    parameters cast to bf16 (what FSDP's param_dtype computes); rank 0 writes the figures."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dist_harness import write_result
+    from titan_autopar import Plan
+
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp_shard",))
+    model, ref, inputs = build("llama3")
+    model = apply_plan(model, Plan.load(plan_path), mesh, progress=lambda s: None)
+    init_titan(model)
+    init_titan(ref)
+    prog = model.autopar
+    out = model(*[local_slice(x, mesh, pl) for x, pl in zip(inputs, prog.input_placements)])
+    cast = {n: p.to(torch.bfloat16) for n, p in ref.named_parameters()}
+    r = torch.func.functional_call(ref, {**cast, **dict(ref.named_buffers())}, inputs)
+    weight = torch.randn(r.shape, generator=torch.Generator().manual_seed(2))
+    (out.float() * local_slice(weight, mesh, prog.output_placement)).sum().backward()
+    (r.float() * weight).sum().backward()
+    products = [n for n in prog.split.forward.graph.nodes if n.target is torch.ops.aten.mm.default]
+    fwd_rel = _rel(_full(out, mesh, prog.output_placement, r).float(), r.float())  # collectives:
+    grad_rel = max(_rel(p.grad.full_tensor(), q.grad)                             # every rank
+                   for p, q in zip(model.parameters(), ref.parameters()))
+    if rank == 0:
+        write_result(out_dir, "mixed_precision", {
+            "output_dtype": str(out.dtype), "fwd_rel": fwd_rel, "grad_rel": grad_rel,
+            "grad_dtypes": sorted({str(p.grad.dtype) for p in model.parameters()}),
+            "matmul_dtypes": sorted({str(n.meta["val"].dtype) for n in products}),
+        })

@@ -7,6 +7,7 @@ program -> forward/backward split -> DTensor parameters); `auto_parallelize` doe
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -82,6 +83,7 @@ def plan_model(
     time_limit_s: float | None = None,
     precision: Precision | None = None,
     activation_checkpointing: str = "none",
+    param_dtype: torch.dtype | None = None,
     progress=None,
 ) -> Plan:
     """Plan `model`'s training step on `mesh`: one placement per parameter and per graph node.
@@ -92,11 +94,15 @@ def plan_model(
     free), or a recipe name ("fsdp", "fsdp_tp") for that recipe's placements of every parameter.
     `activation_checkpointing` ("none", "selective", "full"; see `graph/recompute.py`) prices
     the recomputation of each block's activations, and the plan's program recomputes them.
+    `param_dtype` (e.g. torch.bfloat16) computes with parameters cast to it, gradients and
+    optimizer state staying in the parameters' dtype (mixed precision, as FSDP's param_dtype).
     `progress` receives one line per phase (default: the "titan_autopar" logger).
     """
     say = progress or log.info
     hw = get_hardware(hardware)
     prec = precision or Precision()
+    if param_dtype is not None:
+        prec = dataclasses.replace(prec, exact_floats=True)
     if solver not in ("cbc", "highs"):
         raise ValueError(f"unknown solver {solver!r}: use 'cbc' (default) or 'highs'")
     names, sizes = _mesh_info(mesh)
@@ -107,7 +113,7 @@ def plan_model(
     phases: dict[str, dict] = {}
 
     t = time.perf_counter()
-    jg = trace_joint(model, sample_inputs)
+    jg = trace_joint(model, sample_inputs, param_dtype)
     phases["trace"] = {"seconds": time.perf_counter() - t, "nodes": len(jg.gm.graph.nodes)}
     say(f"[trace] {phases['trace']['nodes']} nodes in {phases['trace']['seconds']:.2f}s")
 
@@ -205,6 +211,7 @@ def plan_model(
         recipes=priced, fallbacks=dict(builder.fallbacks), opaque=jg.opaque_blocks, start=start,
     )
     plan.data["activation_checkpointing"] = activation_checkpointing
+    plan.data["param_dtype"] = str(param_dtype).removeprefix("torch.") if param_dtype else None
     phases["plan"] = {"seconds": time.perf_counter() - t}
     plan.timings = phases
     return plan
@@ -228,7 +235,8 @@ def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
     `model.autopar.output_placement`). `recompute_parameters` gathers parameters again for
     the backward instead of keeping the gathered copies (FSDP's reshard-after-forward);
     `bucket` merges each block's parameter all-gathers and gradient reduce-scatters into one.
-    The plan's activation checkpointing mode decides which activations the backward recomputes.
+    The plan's activation checkpointing mode decides which activations the backward recomputes,
+    and its `param_dtype` the dtype the program computes in.
     A plan made for another model, inputs or mesh is refused with what differs.
     """
     say = progress or log.info
@@ -242,7 +250,8 @@ def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
     plan.check(fp)
     timings = {}
     t = time.perf_counter()
-    jg = trace_joint(model, inputs)
+    dtype = plan.data.get("param_dtype")
+    jg = trace_joint(model, inputs, getattr(torch, dtype) if dtype else None)
     timings["trace_s"] = time.perf_counter() - t
     t = time.perf_counter()
     token = new_token()

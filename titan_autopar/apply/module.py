@@ -120,6 +120,9 @@ class ParallelProgram:
             f"{len(self.split.recomputed)} recomputed from parameters",
             "collectives: " + (", ".join(f"{k} x{v}" for k, v in self.collectives().items()) or "none"),
         ]
+        if self.plan.data.get("param_dtype"):
+            lines.append(f"mixed precision: parameters cast to {self.plan.data['param_dtype']} for "
+                         "compute; gradients and optimizer state in the parameters' dtype")
         if self.local.buckets:
             lines.append("merged per block: {gathers_merged} parameter all-gathers, "
                          "{reductions_merged} gradient reduce-scatters".format(**self.local.buckets))

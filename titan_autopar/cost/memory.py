@@ -19,12 +19,17 @@ from titan_autopar.cost.compute import VIEW_OPS
 @dataclass(frozen=True)
 class Precision:
     """Bytes per element of each kind (TorchTitan's default mixed precision: bf16 compute,
-    fp32 parameters, gradients and AdamW state)."""
+    fp32 parameters, gradients and AdamW state). Unless `exact_floats`, every floating-point
+    activation or message is priced at `activation` bytes, the size bf16 compute would give."""
 
     activation: int = 2
     parameter: int = 4
     gradient: int = 4
     optimizer: int = 8  # two moments
+    # a mixed-precision program (traced with its parameters cast, `plan_model(param_dtype=)`)
+    # has its real dtypes in the graph: price every tensor at its own size (an fp32 weight
+    # gathered before its bf16 cast costs twice the bytes)
+    exact_floats: bool = False
 
     @property
     def per_parameter(self) -> int:

@@ -120,13 +120,18 @@ def _fake_like(fake_mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
         return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="cpu")
 
 
-def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...]) -> JointGraph:
+def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...],
+                param_dtype: torch.dtype | None = None) -> JointGraph:
     """Trace forward + backward of `model(*sample_inputs)` on fake tensors.
 
     The graph's placeholders are, in order: parameters, buffers, sample inputs, the tangent (the
     gradient of the model's output). Its outputs are the model output then one gradient per
     parameter, then one per floating-point input (`differentiable_inputs`), zeros where the
     output does not depend on it.
+
+    `param_dtype` (mixed precision, e.g. bf16) computes with a cast of every floating-point
+    parameter; the parameters and their gradients keep their own dtype (the cast's backward
+    casts the gradient back), as with FSDP's `MixedPrecisionPolicy(param_dtype=...)`.
     """
     t0 = time.perf_counter()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -143,7 +148,8 @@ def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...])
     with opaque_moe_blocks(model) as opaque_names:
         # forward once on fake tensors to learn the output's shape and dtype
         with fake_mode, torch.no_grad():
-            out = torch.func.functional_call(model, {**params, **buffers}, inputs)
+            out = torch.func.functional_call(model, {**_cast(params, param_dtype), **buffers},
+                                             inputs)
         if not isinstance(out, torch.Tensor):
             raise TypeError(
                 f"the model returns {type(out).__name__}; the planner needs a model whose forward "
@@ -153,7 +159,8 @@ def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...])
         pnames = list(params)
 
         def joint(params, buffers, inputs, tangent):
-            out = torch.func.functional_call(model, {**params, **buffers}, inputs)
+            out = torch.func.functional_call(model, {**_cast(params, param_dtype), **buffers},
+                                             inputs)
             needs = list(params.values()) + [inputs[i] for i in diff]
             grads = torch.autograd.grad(out, needs, tangent, allow_unused=True)
             # a parameter the output does not depend on gets an explicit zero gradient
@@ -192,6 +199,13 @@ def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...])
     jg.grad_nodes = dict(zip(pnames, grads[:np_]))
     jg.input_grad_nodes = dict(zip(diff, grads[np_:]))
     return jg
+
+
+def _cast(params: dict, dtype: torch.dtype | None) -> dict:
+    if dtype is None:
+        return params
+    return {n: p.to(dtype) if p.is_floating_point() and p.dtype != dtype else p
+            for n, p in params.items()}
 
 
 def differentiable_inputs(sample_inputs) -> list[int]:

@@ -86,6 +86,8 @@ class Price:
 
 
 def itemsize(t: torch.Tensor, prec: Precision) -> int:
+    if prec.exact_floats:
+        return t.element_size() // 2 if t.dtype.is_complex else t.element_size()
     return prec.activation if t.dtype.is_floating_point or t.dtype.is_complex else t.element_size()
 
 

@@ -114,19 +114,25 @@ def _mesh(parallel_dims, names, sizes):
     return _MESHES[key]
 
 
+def compute_dtype(model, job_config) -> torch.dtype | None:
+    """`training.mixed_precision_param` as the plan's param_dtype (None: the parameters' own)."""
+    want = getattr(torch, job_config.training.mixed_precision_param)
+    return None if want == next(model.parameters()).dtype else want
+
+
 def stage_inputs(model, parallel_dims, job_config) -> torch.Tensor:
     """What the (stage) model is called with, at the planned global shape, on meta.
 
     Without pp: the step's tokens, local_batch_size x data-parallel degrees by seq_len. With
     pp each call is one microbatch (pipeline_parallel_microbatch_size per rank), and a stage
     without the token embedding (every stage after the first) takes the previous stage's
-    hidden states, (batch, seq_len, dim), in the parameters' dtype."""
+    hidden states, (batch, seq_len, dim), in the compute dtype."""
     t = job_config.training
     dp = parallel_dims.dp_replicate * parallel_dims.dp_shard
     per_rank = (job_config.parallelism.pipeline_parallel_microbatch_size
                 if parallel_dims.pp > 1 else t.local_batch_size)
     if parallel_dims.pp > 1 and getattr(model, "tok_embeddings", True) is None:
-        dtype = next(model.parameters()).dtype
+        dtype = compute_dtype(model, job_config) or next(model.parameters()).dtype
         return torch.empty(per_rank * dp, t.seq_len, model.model_args.dim, dtype=dtype,
                            device="meta")
     return torch.empty(per_rank * dp, t.seq_len, dtype=torch.long, device="meta")
@@ -181,6 +187,12 @@ def _plan(model, mesh, tokens, names, job_config, tag):
                 f"plan has {planned}, now {now} (local_batch_size x data-parallel degrees, "
                 "seq_len; with pp, the microbatch). Plan again (remove plan_file) or restore the "
                 "batch and sequence length.")
+        dtype, want = plan.data.get("param_dtype"), compute_dtype(model, job_config)
+        if dtype != (str(want).removeprefix("torch.") if want else None):
+            raise StalePlanError(
+                f"the plan in {path} computes in {dtype or 'the parameters dtype'}, the job asks "
+                f"for mixed_precision_param = {job_config.training.mixed_precision_param!r}: plan "
+                "again (remove plan_file) or restore the setting")
         ac = plan.data.get("activation_checkpointing", "none")
         if ac != job_config.activation_checkpoint.mode:
             raise StalePlanError(
@@ -201,6 +213,7 @@ def _plan(model, mesh, tokens, names, job_config, tag):
             hardware=ap.hardware, memory_budget_gib=ap.memory_budget_gib or None,
             solver=ap.solver, time_limit_s=ap.time_limit_s or None,
             activation_checkpointing=job_config.activation_checkpoint.mode,
+            param_dtype=compute_dtype(model, job_config),
             progress=lambda s: log.info(f"[titan_autopar] {s}"),
         )
         plan_json = plan.to_json()
