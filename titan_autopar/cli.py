@@ -61,6 +61,7 @@ def cmd_plan(a) -> int:
         a.local_batch_size, a.hardware = job.local_batch_size, job.hardware
         a.memory_budget_gib = a.memory_budget_gib or job.memory_budget_gib
         a.activation_checkpointing = job.activation_checkpointing
+        a.param_dtype = job.param_dtype
         a.mesh = ",".join(f"{n}={s}" for n, s in zip(job.mesh_names, job.mesh_sizes))
     names, sizes = parse_mesh(a.mesh)
     t0 = time.perf_counter()
@@ -74,7 +75,9 @@ def cmd_plan(a) -> int:
         f"simulated {a.hardware} ranks")
     plan = plan_model(model, mesh, (tokens,), hardware=a.hardware, memory_budget_gib=a.memory_budget_gib,
                       solver=a.solver, time_limit_s=a.time_limit_s,
-                      activation_checkpointing=a.activation_checkpointing, progress=say)
+                      activation_checkpointing=a.activation_checkpointing,
+                      param_dtype=getattr(torch, a.param_dtype) if a.param_dtype else None,
+                      progress=say)
     plan.save(a.out, timings=a.timings)
     say(f"wrote {a.out}")
     if a.explain:
@@ -123,6 +126,8 @@ def main(argv=None) -> int:
     p.add_argument("--activation-checkpointing", default="none",
                    choices=["none", "selective", "full"],
                    help="recompute block activations in backward (TorchTitan's AC modes)")
+    p.add_argument("--param-dtype", default=None, choices=["bfloat16"],
+                   help="compute with parameters cast to this dtype (mixed precision)")
     p.add_argument("--time-limit-s", type=float, default=None)
     p.add_argument("--out", default="plan.json")
     p.add_argument("--timings", action="store_true", help="also write wall-clock phase timings")

@@ -6,8 +6,8 @@ rule for the planner's prices (on the joint graph) and for the program (on each 
 - "none": every forward value the backward reads is kept;
 - "full": inside each repeated block (a transformer layer), only what leaves the block is kept;
   everything else the backward needs is computed again from it, block by block;
-- "selective": as "full", but the outputs of matrix products and attention (the expensive ops)
-  are kept too -- the spirit of TorchTitan's op-level selective policy.
+- "selective": as "full", but attention's outputs and every other matrix product's output
+  (the 1st, 3rd, ... of each block) are kept too, as TorchTitan's op-level selective policy does.
 
 `recomputable(nodes_by_block, bwd, mode)` returns the forward nodes to compute again; a node is
 in a block when the block's forward produced it. Collectives inside a block are recomputed with
@@ -24,8 +24,7 @@ import torch.fx as fx
 MODES = ("none", "selective", "full")
 
 aten = torch.ops.aten
-KEPT_BY_SELECTIVE = {
-    aten.mm.default, aten.addmm.default, aten.bmm.default, aten.linear.default,
+ATTENTION = {
     aten._scaled_dot_product_flash_attention.default,
     aten._scaled_dot_product_efficient_attention.default,
     aten._scaled_dot_product_cudnn_attention.default,
@@ -40,10 +39,21 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-def _kept(n: fx.Node) -> bool:
-    if n.target is operator.getitem:
-        n = n.args[0]
-    return n.target in KEPT_BY_SELECTIVE
+MATMULS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.linear.default}
+
+
+def _kept_by_selective(block_of: dict[fx.Node, str]) -> set[fx.Node]:
+    """Attention outputs, and each block's 1st, 3rd, 5th ... matrix product (node order)."""
+    kept, seen = set(), {}
+    for n, block in block_of.items():
+        if n.target in MATMULS:
+            k = seen[block] = seen.get(block, -1) + 1
+            if k % 2 == 0:
+                kept.add(n)
+        elif n.target in ATTENTION:
+            kept.add(n)
+    kept |= {n for n in block_of if n.target is operator.getitem and n.args[0] in kept}
+    return kept
 
 
 def recomputable(block_of: dict[fx.Node, str], bwd: set[fx.Node], mode: str) -> set[fx.Node]:
@@ -52,8 +62,10 @@ def recomputable(block_of: dict[fx.Node, str], bwd: set[fx.Node], mode: str) -> 
     if check_mode(mode) == "none":
         return set()
     out = set()
+    kept = _kept_by_selective({n: b for n, b in block_of.items() if n not in bwd}) \
+        if mode == "selective" else set()
     for n, block in block_of.items():
-        if n in bwd or n.op != "call_function" or (mode == "selective" and _kept(n)):
+        if n in bwd or n.op != "call_function" or n in kept:
             continue
         if all(u in bwd or block_of.get(u) == block for u in n.users):
             out.add(n)

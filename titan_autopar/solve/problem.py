@@ -142,7 +142,11 @@ class Problem:
         diff_inputs = {jg.input_nodes[i] for i in jg.input_grad_nodes}
         bwd = backward_nodes(gm, jg.tangent_node)
         saved: dict[fx.Node, set[int]] = {}
-        again = recomputable(blocks_by_position(gm, jg.blocks), bwd, self.recompute)
+        # what runs after the model output (the backward, including its parts that do not read
+        # the output's gradient, e.g. x**2 of a norm's derivative) reads saved or recomputed values
+        nodes = list(gm.graph.nodes)
+        after_output = set(nodes[nodes.index(jg.output_value) + 1:])
+        again = recomputable(blocks_by_position(gm, jg.blocks), bwd | after_output, self.recompute)
         keep = set(saved_activations(gm, bwd))
         for n in again:  # what the recomputation starts from is kept instead
             keep.update(base_of(a) for a in n.all_input_nodes

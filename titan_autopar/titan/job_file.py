@@ -4,7 +4,8 @@
 `[auto_parallel]` sections) and returns what `titan-autopar plan --config` needs to plan that
 job on a simulated cluster: model and flavor, sequence length, local batch, the mesh (the same
 dims `auto = true` builds at run time: dp_replicate, dp_shard, tp, degree-1 dims left out) and
-the hardware preset, memory budget and activation checkpointing mode. A config the planner cannot take says what to change.
+the hardware preset, memory budget, activation checkpointing mode and mixed precision (TorchTitan's
+defaults where a section leaves them out: selective checkpointing, bf16 compute). A config the planner cannot take says what to change.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class PlanningJob:
     memory_budget_gib: float | None
     world_size: int
     activation_checkpointing: str
+    param_dtype: str | None  # mixed precision compute dtype, None for the parameters' own
 
 
 def planner_mesh(dp_replicate: int, dp_shard: int, tp: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
@@ -69,4 +71,6 @@ def planning_job(path: str | Path) -> PlanningJob:
         local_batch_size=int(training.get("local_batch_size", 8)),
         mesh_names=tuple(names), mesh_sizes=tuple(sizes),
         hardware=ap.get("hardware", "h100"), memory_budget_gib=budget, world_size=world,
-        activation_checkpointing=cfg.get("activation_checkpoint", {}).get("mode", "selective"))
+        activation_checkpointing=cfg.get("activation_checkpoint", {}).get("mode", "selective"),
+        param_dtype=(None if training.get("mixed_precision_param", "bfloat16") == "float32"
+                     else training.get("mixed_precision_param", "bfloat16")))
