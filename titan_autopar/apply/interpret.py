@@ -137,9 +137,10 @@ class _Runner:
             raise NotImplementedError(f"the plan makes a value {want}; only sum partials are made")
         step = tuple(Replicate() if m in made else w for m, w in enumerate(want))
         value = value.redistribute(self.mesh, step) if tuple(value.placements) != step else value
-        local = value.to_local()
-        if any(self.mesh.get_local_rank(m) != 0 for m in made):
-            local = torch.zeros_like(local)
+        # the same op on every rank (a rank-dependent graph would order collectives differently
+        # after partitioning): multiply by 1 on the dims' first ranks, by 0 elsewhere
+        first = all(self.mesh.get_local_rank(m) == 0 for m in made)
+        local = value.to_local().mul(1.0 if first else 0.0)
         return DTensor.from_local(local, self.mesh, want, run_check=False, shape=value.shape,
                                   stride=value.stride())
 

@@ -108,7 +108,10 @@ def split_joint(gm: fx.GraphModule, n_state: int, *, recompute_parameters: bool 
 
     need = _ancestors(grads) - set(phs)
     bwd = need - fwd
-    again = recomputable({n: n.meta[BLOCK_TAG] for n in fwd if BLOCK_TAG in n.meta},
+    # in program order (not set order): selective keeps every other matmul, which must be the
+    # same matmuls on every rank
+    again = recomputable({n: n.meta[BLOCK_TAG] for n in gm.graph.nodes
+                          if n in fwd and BLOCK_TAG in n.meta},
                          set(gm.graph.nodes) - fwd, checkpointing)
     if recompute_parameters:
         again |= state_only
