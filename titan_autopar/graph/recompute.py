@@ -24,6 +24,7 @@ import torch.fx as fx
 MODES = ("none", "selective", "full")
 
 aten = torch.ops.aten
+MATMULS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.linear.default}
 ATTENTION = {
     aten._scaled_dot_product_flash_attention.default,
     aten._scaled_dot_product_efficient_attention.default,
@@ -38,8 +39,6 @@ def check_mode(mode: str) -> str:
                          f"{', '.join(MODES)}")
     return mode
 
-
-MATMULS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.linear.default}
 
 
 def _kept_by_selective(block_of: dict[fx.Node, str]) -> set[fx.Node]:

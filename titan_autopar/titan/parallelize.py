@@ -158,6 +158,15 @@ def with_tag(path: str, tag: str) -> str:
     return str(p.with_name(f"{p.stem}.{tag}{p.suffix}"))
 
 
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _first_rank(mesh) -> int:
+    """The global rank that plans (and saves the plan of) the stage on `mesh`."""
+    return int(mesh.mesh.flatten()[0])
+
+
 def _resolve(path: str, job_config) -> Path:
     p = Path(path)
     return p if p.is_absolute() else Path(job_config.job.dump_folder) / p
@@ -201,10 +210,9 @@ def _plan(model, mesh, tokens, names, job_config, tag):
                 f"set [activation_checkpoint] mode = {ac!r}")
         return plan
     # the first rank of each stage's mesh plans that stage; every rank takes its stage's plan
-    first = int(mesh.mesh.flatten()[0])
-    me = dist.get_rank() if dist.is_initialized() else 0
+    first = _first_rank(mesh)
     plan_json = None
-    if me == first:
+    if _rank() == first:
         log.info(f"[titan_autopar] planning {what}{type(model).__name__} on mesh "
                  f"{dict(zip(names, mesh.shape))} for a {ap.hardware} cluster")
         plan = plan_model(
@@ -240,8 +248,7 @@ def plan_and_apply(model, parallel_dims, job_config):
     tag = stage_tag(parallel_dims, job_config)
     inputs = stage_inputs(model, parallel_dims, job_config)
     plan = _plan(model, mesh, inputs, names, job_config, tag)
-    me = dist.get_rank() if dist.is_initialized() else 0
-    if job_config.auto_parallel.save_plan and me == int(mesh.mesh.flatten()[0]):
+    if job_config.auto_parallel.save_plan and _rank() == _first_rank(mesh):
         path = plan.save(_resolve(with_tag(job_config.auto_parallel.save_plan, tag), job_config))
         log.info(f"[titan_autopar] plan saved to {path}")
     if write_predictions(plan, parallel_dims, job_config, tag):

@@ -18,13 +18,6 @@ import torch.distributed as dist
 STEP_TAG, MEMORY_TAG = "time_metrics/predicted_step(s)", "memory/predicted_peak(GiB)"
 
 
-def metrics_rank(parallel_dims, job_config) -> int:
-    """The rank TorchTitan 0.2.2 logs metrics on (its `_get_metrics_rank`)."""
-    if parallel_dims.pp <= 1 or job_config.parallelism.pipeline_parallel_schedule == "ZBVZeroBubble":
-        return 0
-    return (parallel_dims.world_size // parallel_dims.pp) * (parallel_dims.pp - 1)
-
-
 def tensorboard_run(job_config) -> Path | None:
     """The run folder TorchTitan's TensorBoard logger opened for this job (the newest)."""
     root = Path(job_config.job.dump_folder) / job_config.metrics.save_tb_folder
@@ -35,9 +28,11 @@ def tensorboard_run(job_config) -> Path | None:
 def write_predictions(plan, parallel_dims, job_config, stage: str = "") -> Path | None:
     """Add the plan's predicted step time and peak memory to this job's TensorBoard run, on
     the rank that logs metrics; returns the folder written, or None."""
+    from torchtitan.components.metrics import _get_metrics_rank  # where TorchTitan logs
+
     m = job_config.metrics
     me = dist.get_rank() if dist.is_initialized() else 0
-    if not m.enable_tensorboard or m.save_for_all_ranks or me != metrics_rank(parallel_dims, job_config):
+    if not m.enable_tensorboard or m.save_for_all_ranks or me != _get_metrics_rank(parallel_dims, job_config):
         return None
     run = tensorboard_run(job_config)
     if run is None:
