@@ -23,6 +23,7 @@ from titan_autopar.apply.interpret import BLOCK_TAG
 
 BATCH, SEQ, DIM = 8, 32, 64
 MOE_MODEL = "deepseek_v3"
+TIED_MODEL = "qwen3"  # its dense debug flavor ties output.weight to tok_embeddings.weight
 MODELS = ("mlp", "attention", "llama3", MOE_MODEL)
 STEPS = 5
 
@@ -109,6 +110,10 @@ def run_case(name: str, plan, mesh) -> dict:
     if name not in ("mlp", "attention"):
         init_titan(model)
         init_titan(ref)
+    # a tied weight stays one Parameter: one name in named_parameters, the same object twice
+    tying = getattr(getattr(model, "model_args", None), "enable_weight_tying", False)
+    res["tied"] = (model.output.weight is model.tok_embeddings.weight) if tying else None
+    res["parameters"] = [len(list(model.named_parameters())), len(list(ref.named_parameters()))]
     res["init_equal"] = all(torch.equal(p.full_tensor(), q)
                             for p, q in zip(model.parameters(), ref.parameters()))
     prog = model.autopar

@@ -1,7 +1,8 @@
 """apply_plan on real ranks (gloo, fp32) against a single-process reference.
 
 Meshes: 2 ranks 1-D, 4 ranks 1-D, 2x2. Models: an MLP, an attention block, TorchTitan's llama3
-debug model and its DeepSeek-V3 (MoE) debug model. Plans: parameters pinned to FSDP placements,
+debug model and its DeepSeek-V3 (MoE) debug model; on 2x2 also qwen3's dense debug model, whose
+output projection is tied to the token embedding (the tie must stay one parameter). Plans: parameters pinned to FSDP placements,
 pinned to TP column/row placements (on the tp dim), and the solver's own (output batch-sharded
 over the data-parallel dim); for llama3 and the MoE model also the solver's own with activation
 checkpointing ("full", "selective"), whose programs recompute block activations in backward. Plans are made here on a simulated mesh, saved, and replayed by the
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 from dist_harness import read_result, run_ranks
-from parity_models import MODELS, MOE_MODEL, inputs_of, meta_model, parity_worker
+from parity_models import MODELS, MOE_MODEL, TIED_MODEL, inputs_of, meta_model, parity_worker
 from titan_autopar import plan_model
 from titan_autopar.cli import fake_mesh
 from titan_autopar.solve.recipes import default_input_placements
@@ -54,6 +55,8 @@ def make_plan(name: str, kind: str, shape: tuple[int, ...], path) -> None:
 @pytest.mark.parametrize("shape", [(2,), (4,), (2, 2)], ids=["2", "4", "2x2"])
 def test_parity_with_single_process(shape, tmp_path):
     cases = [(m, k) for m in MODELS for k in KINDS] + list(AC_CASES)
+    if len(shape) == 2:  # tied input/output embeddings (qwen3's dense flavors)
+        cases.append((TIED_MODEL, "auto"))
     plans = tmp_path / "plans"
     plans.mkdir()
     for m, k in cases:
@@ -79,6 +82,8 @@ def test_parity_with_single_process(shape, tmp_path):
             (r["eval_nograd_rel"] <= FWD_TOL and not r["eval_requires_grad"],
              f"eval/no_grad forward rel error {r['eval_nograd_rel']:.2e}"),
             (r["mismatches"] == 0, f"{r['mismatches']} values off their planned placement"),
+            (r["parameters"][0] == r["parameters"][1] and r["tied"] in (None, m == TIED_MODEL),
+             f"parameters {r['parameters']} (planned, single-device), tie kept: {r['tied']}"),
         ]
         failures += [f"{case}: {msg}" for ok, msg in checks if not ok]
         if k.startswith("ac_"):  # fewer values kept, more computed again, than without it

@@ -16,6 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Placement
 
+from titan_autopar import checks
 from titan_autopar.apply.bucket import bucket_collectives
 from titan_autopar.apply.interpret import trace_local_joint
 from titan_autopar.apply.module import new_token, parallelize_module
@@ -26,10 +27,13 @@ from titan_autopar.graph.recompute import check_mode
 from titan_autopar.graph.regions import find_regions
 from titan_autopar.graph.trace import trace_joint
 from titan_autopar.plan import Plan, build_plan, fingerprint
+from titan_autopar.plan_check import check_against_graph
 from titan_autopar.solve.descent import DescentStats, descend, initial_assignment, objective_ms
 from titan_autopar.solve.errors import MemoryBudgetError, memory_floor
+from titan_autopar.solve.ilp import SolveLimits
 from titan_autopar.solve.problem import Problem
-from titan_autopar.solve.recipes import RECIPES, TENSOR, default_input_placements, recipe_placements
+from titan_autopar.solve.recipes import (RECIPES, TENSOR, check_dim_names, default_input_placements,
+                                         recipe_placements)
 from titan_autopar.strategy.options import OptionBuilder
 
 log = logging.getLogger("titan_autopar")
@@ -43,14 +47,6 @@ def _mesh_info(mesh: DeviceMesh) -> tuple[tuple[str, ...], tuple[int, ...]]:
             "so that plans can say what each dim carries"
         )
     return tuple(names), tuple(mesh.shape)
-
-
-def _check_placements(what: str, given, tensors, ndim: int) -> None:
-    if len(given) != len(tensors):
-        raise ValueError(f"{what}: {len(given)} given for {len(tensors)} tensors; give one tuple per tensor")
-    for i, pl in enumerate(given):
-        if len(pl) != ndim:
-            raise ValueError(f"{what}[{i}] has {len(pl)} placements; the mesh has {ndim} dims: give one per dim")
 
 
 def _parameter_pins(given, shapes, names, sizes) -> dict[str, tuple[Placement, ...]]:
@@ -100,20 +96,39 @@ def plan_model(
     """
     say = progress or log.info
     hw = get_hardware(hardware)
+    checks.positive_number("memory_budget_gib", memory_budget_gib)
+    checks.positive_number("time_limit_s", time_limit_s)
+    check_mode(activation_checkpointing)
+    if param_dtype is not None and not (isinstance(param_dtype, torch.dtype)
+                                        and param_dtype.is_floating_point):
+        raise ValueError(f"param_dtype must be a floating-point torch.dtype such as "
+                         f"torch.bfloat16, got {param_dtype!r}")
     prec = precision or Precision()
     if param_dtype is not None:
         prec = dataclasses.replace(prec, exact_floats=True)
     if solver not in ("cbc", "highs"):
         raise ValueError(f"unknown solver {solver!r}: use 'cbc' (default) or 'highs'")
     names, sizes = _mesh_info(mesh)
-    if isinstance(sample_inputs, torch.Tensor):
-        sample_inputs = (sample_inputs,)
-    sample_inputs = tuple(sample_inputs)
+    check_dim_names(names)
+    sample_inputs = checks.tensor_inputs(sample_inputs)
+    checks.token_inputs(model, sample_inputs)
+    if input_placements is None:
+        input_placements = [default_input_placements(names, x) for x in sample_inputs]
+    input_placements = checks.placement_list("input_placements", input_placements,
+                                             len(sample_inputs), len(names))
+    for i, (x, pl) in enumerate(zip(sample_inputs, input_placements)):
+        checks.even_split(f"sample_inputs[{i}]", x, pl, names, sizes)
+    if output_placements is not None:
+        output_placements = checks.placement_list("output_placements", output_placements, 1,
+                                                  len(names))
     budget = (memory_budget_gib * GiB) if memory_budget_gib is not None else hw.hbm_bytes
     phases: dict[str, dict] = {}
 
     t = time.perf_counter()
-    jg = trace_joint(model, sample_inputs, param_dtype)
+    try:
+        jg = trace_joint(model, sample_inputs, param_dtype)
+    except Exception as e:  # the model's own code, run on the sample inputs
+        raise checks.traced_model_error(e, sample_inputs) from e
     phases["trace"] = {"seconds": time.perf_counter() - t, "nodes": len(jg.gm.graph.nodes)}
     say(f"[trace] {phases['trace']['nodes']} nodes in {phases['trace']['seconds']:.2f}s")
 
@@ -138,14 +153,10 @@ def plan_model(
         f"in {phases['enumerate']['seconds']:.2f}s")
 
     # pins: inputs, and the output through the tangent that mirrors it
-    if input_placements is None:
-        input_placements = [default_input_placements(names, x) for x in sample_inputs]
-    _check_placements("input_placements", input_placements, sample_inputs, len(names))
     for node, pl in zip(jg.input_nodes, input_placements):
-        pb.units[pb.index[node]].pin = tuple(pl)
+        pb.units[pb.index[node]].pin = pl
     if output_placements is not None:
-        _check_placements("output_placements", output_placements, [None], len(names))
-        pb.units[pb.index[jg.tangent_node]].pin = tuple(output_placements[0])
+        pb.units[pb.index[jg.tangent_node]].pin = output_placements[0]
     param_units = {u.param_name: i for i, u in enumerate(pb.units) if u.kind == "param"}
     shapes = {n: tuple(pb.units[i].outs[0].shape) for n, i in param_units.items()}
     user_pins = _parameter_pins(parameter_placements, shapes, names, sizes)
@@ -160,6 +171,7 @@ def plan_model(
                                  f"shape {tuple(unit.outs[0].shape)}")
 
     t = time.perf_counter()
+    limits = SolveLimits(guard_s=time_limit_s) if time_limit_s else SolveLimits()
     stats = DescentStats()
     recipes = [r for r in RECIPES if r != "fsdp_tp" or any(n in TENSOR for n in names)]
     priced: dict[str, dict] = {}
@@ -170,7 +182,7 @@ def plan_model(
             pb.units[i].pin = pins[n]
         say(f"[solve] pricing the {r} recipe")
         a, _ = descend(pb, initial_assignment(pb), budget_bytes=budget, solver=solver,
-                       time_limit_s=time_limit_s, log=say, stats=stats)
+                       limits=limits, log=say, stats=stats)
         for n, i in param_units.items():
             pb.units[i].pin = user_pins.get(n)
         price = pb.evaluate(a)
@@ -183,7 +195,7 @@ def plan_model(
     candidates = [] if user_pins else [(f"recipe {r}", a) for r, a in starts]
     for name, a in (("replicate", initial_assignment(pb)), starts[cheapest]):
         say(f"[solve] planning from the {name} start")
-        a, _ = descend(pb, a, budget_bytes=budget, solver=solver, time_limit_s=time_limit_s,
+        a, _ = descend(pb, a, budget_bytes=budget, solver=solver, limits=limits,
                        log=say, stats=stats)
         candidates.append((name, a))
 
@@ -252,6 +264,7 @@ def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
     t = time.perf_counter()
     dtype = plan.data.get("param_dtype")
     jg = trace_joint(model, inputs, getattr(torch, dtype) if dtype else None)
+    check_against_graph(plan.data, jg, plan.source)
     timings["trace_s"] = time.perf_counter() - t
     t = time.perf_counter()
     token = new_token()

@@ -12,12 +12,18 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import math
+import os
 import sys
 import time
+from pathlib import Path
+
+MAX_MESH_RANKS = 1 << 16
 
 
 def parse_mesh(text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    from titan_autopar.solve.recipes import check_dim_names
+
     names, sizes = [], []
     for part in text.split(","):
         if "=" not in part:
@@ -29,7 +35,43 @@ def parse_mesh(text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
         sizes.append(int(s))
     if len(set(names)) != len(names):
         raise ValueError(f"--mesh names a dim twice: {text!r}")
+    check_dim_names(names)
+    if math.prod(sizes) > MAX_MESH_RANKS:
+        raise ValueError(f"--mesh {text} has {math.prod(sizes)} ranks; the simulated cluster "
+                         f"holds at most {MAX_MESH_RANKS}")
     return tuple(names), tuple(sizes)
+
+
+def _positive(kind):
+    """An argparse type: a finite number (int or float) above zero."""
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {'a whole number' if kind is int else 'a number'}, got {text!r}") from None
+        if not math.isfinite(v) or v <= 0:
+            raise argparse.ArgumentTypeError(f"must be more than 0, got {text!r}")
+        return v
+    return parse
+
+
+def check_out_path(out: str, force: bool) -> Path:
+    """Refuse, before any planning, an --out that cannot take a plan: a folder, a path under a
+    file, or an existing file that is not a plan (unless `force`)."""
+    from titan_autopar.plan import is_plan_file
+
+    p = Path(out)
+    if p.is_dir():
+        raise ValueError(f"--out {out} is a folder: give a file name such as {p / 'plan.json'}")
+    for parent in p.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ValueError(f"--out {out}: {parent} is a file, so nothing can be written under "
+                             "it; choose another --out")
+    if p.exists() and not force and not is_plan_file(p):
+        raise ValueError(f"--out {out} exists and is not a plan: refusing to overwrite it. Choose "
+                         "another --out, or add --force to replace it")
+    return p
 
 
 def fake_mesh(names, sizes):
@@ -48,6 +90,7 @@ def fake_mesh(names, sizes):
 
 
 def cmd_plan(a) -> int:
+    check_out_path(a.out, a.force)
     import torch
 
     from titan_autopar import plan_model
@@ -119,17 +162,21 @@ def main(argv=None) -> int:
     p.add_argument("--flavor", default="8B")
     p.add_argument("--mesh", default="dp_shard=8,tp=8", help="name=size,... outermost first")
     p.add_argument("--hardware", default="h100")
-    p.add_argument("--seq-len", type=int, default=8192)
-    p.add_argument("--local-batch-size", type=int, default=1)
-    p.add_argument("--memory-budget-gib", type=float, default=None)
+    p.add_argument("--seq-len", type=_positive(int), default=8192)
+    p.add_argument("--local-batch-size", type=_positive(int), default=1)
+    p.add_argument("--memory-budget-gib", type=_positive(float), default=None)
     p.add_argument("--solver", default="cbc", choices=["cbc", "highs"])
     p.add_argument("--activation-checkpointing", default="none",
                    choices=["none", "selective", "full"],
                    help="recompute block activations in backward (TorchTitan's AC modes)")
     p.add_argument("--param-dtype", default=None, choices=["bfloat16"],
                    help="compute with parameters cast to this dtype (mixed precision)")
-    p.add_argument("--time-limit-s", type=float, default=None)
+    p.add_argument("--time-limit-s", type=_positive(float), default=None,
+                   help="wall-clock guard per integer program (default 600 s); programs stop "
+                   "by counted limits, so plans do not depend on the machine's load")
     p.add_argument("--out", default="plan.json")
+    p.add_argument("--force", action="store_true",
+                   help="replace --out even if it exists and is not a plan")
     p.add_argument("--timings", action="store_true", help="also write wall-clock phase timings")
     p.add_argument("--explain", action="store_true", help="print the plan's explanation")
     p.set_defaults(fn=cmd_plan)
@@ -145,16 +192,23 @@ def main(argv=None) -> int:
     p.add_argument("--config", required=True, help="a TorchTitan TOML with the auto switch")
     p.add_argument("--twin", default=None, help="the expert-recipe config (default: the same "
                    "config with auto = false)")
-    p.add_argument("--nproc", type=int, default=4)
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--nproc", type=_positive(int), default=4)
+    p.add_argument("--steps", type=_positive(int), default=20)
     p.add_argument("--out", default=None, help="output folder (default out/ab/<config name>)")
     p.set_defaults(fn=cmd_ab)
     a = ap.parse_args(argv)
     try:
         return a.fn(a)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        print(f"titan-autopar {a.cmd}: {e}", file=sys.stderr)
+    except (ValueError, OSError, RuntimeError) as e:  # what a user can act on
+        if os.environ.get("TITAN_AUTOPAR_TRACEBACK"):
+            raise
+        msg = str(e) if not isinstance(e, OSError) or not e.filename else \
+            f"{e.filename}: {e.strerror}"
+        print(f"titan-autopar {a.cmd}: {msg}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"titan-autopar {a.cmd}: interrupted; nothing was written", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

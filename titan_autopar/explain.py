@@ -1,9 +1,45 @@
 """Reading plans: `explain` (a per-layer table of parameter roles, the collectives, predictions)
-and `diff` (what changed between two plans). Works from the Plan's JSON alone."""
+and `diff` (what changed between two plans). Works from the Plan's JSON alone. Every string
+taken from a plan file is shown with control characters escaped (`shown`), so a name in a
+hand-edited file cannot move the cursor or clear a person's screen."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+
+
+def _escape(s: str) -> str:
+    if s.isprintable():
+        return s
+    out = []
+    for c in s:
+        if c.isprintable():
+            out.append(c)
+        elif ord(c) < 0x100:
+            out.append(f"\\x{ord(c):02x}")
+        else:
+            out.append(f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}")
+    return "".join(out)
+
+
+def shown(obj):
+    """`obj` (a plan's JSON data) with every string, keys included, made safe to print."""
+    if isinstance(obj, str):
+        return _escape(obj)
+    if isinstance(obj, dict):
+        return {shown(k): shown(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [shown(v) for v in obj]
+    return obj
+
+
+class _Shown:
+    """The parts of a Plan that explain reads, escaped."""
+
+    def __init__(self, plan):
+        self.data = shown(plan.data)
+        self.mesh_names = self.data["mesh"]["names"]
+        self.parameters = self.data["parameters"]
 
 
 def _block_of(param: str, shared: dict[str, list[str]]) -> tuple[str, str]:
@@ -46,6 +82,7 @@ def _fmt_bytes(b: float) -> str:
 
 
 def explain(plan, max_collectives: int = 25) -> str:
+    plan = _Shown(plan)
     d = plan.data
     names = plan.mesh_names
     out = []
@@ -113,7 +150,12 @@ def explain(plan, max_collectives: int = 25) -> str:
 
 def diff(a, b) -> str:
     out = []
+    a, b = _Shown(a), _Shown(b)
     da, db = a.data, b.data
+    if da["fingerprint"]["model"] != db["fingerprint"]["model"]:
+        out.append(f"these are plans of different models (model fingerprints "
+                   f"{da['fingerprint']['model']} and {db['fingerprint']['model']}): what follows "
+                   "compares unrelated layers")
     if da["fingerprint"] != db["fingerprint"]:
         for k in sorted(set(da["fingerprint"]) | set(db["fingerprint"])):
             if da["fingerprint"].get(k) != db["fingerprint"].get(k):

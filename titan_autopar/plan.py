@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,9 +20,11 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 
 from titan_autopar.cost.comm import redistribute_steps
 from titan_autopar.cost.hardware import GiB, Hardware
+from titan_autopar.plan_check import SCHEMA_VERSION, PlanError, check_plan_data, read_plan_file
 from titan_autopar.solve.problem import itemsize, real_numel
 
-SCHEMA_VERSION = 1
+__all__ = ["Plan", "PlanError", "StalePlanError", "SCHEMA_VERSION", "build_plan", "fingerprint",
+           "is_plan_file", "parse_placement", "placement_str"]
 
 
 def placement_str(p) -> str:
@@ -42,7 +46,7 @@ def parse_placement(s: str):
         return Partial()
     if s.startswith("S(") and s.endswith(")"):
         return Shard(int(s[2:-1]))
-    raise ValueError(f"unknown placement {s!r} in plan (expected R, P or S(d))")
+    raise PlanError(f"unknown placement {s!r} in plan (expected R, P or S(d))")
 
 
 def _digest(obj) -> str:
@@ -64,13 +68,23 @@ def fingerprint(model: torch.nn.Module, inputs, names, sizes, hw: Hardware) -> d
 
 
 class StalePlanError(ValueError):
-    pass
+    """A plan made for another model, inputs, mesh or settings than the one it is given to."""
+
+
+def is_plan_file(path) -> bool:
+    """True if `path` holds a titan_autopar plan (of any schema version)."""
+    try:
+        read_plan_file(path)
+        return True
+    except PlanError:
+        return False
 
 
 @dataclass
 class Plan:
     data: dict
     timings: dict = field(default_factory=dict)
+    source: str = "the plan"  # where it was read from, for messages
 
     # -------------------------------------------------------------- persistence
     def to_json(self, timings: bool = False) -> str:
@@ -80,26 +94,36 @@ class Plan:
         return json.dumps(d, indent=1, sort_keys=True) + "\n"
 
     def save(self, path, *, timings: bool = False) -> Path:
+        """Write the plan to `path` whole or not at all: into a temporary file beside it, then
+        renamed over it (a kill or a full disk mid-write leaves the old file as it was)."""
         p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(self.to_json(timings))
+        text = self.to_json(timings).encode()
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+        except OSError as e:
+            raise PlanError(f"cannot write the plan to {p}: {e.strerror or e}") from None
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, p)
+        except OSError as e:
+            raise PlanError(f"cannot write the plan to {p} ({e.strerror or e}); nothing was "
+                            "changed there") from None
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
         return p
 
     @classmethod
     def load(cls, path) -> "Plan":
-        try:
-            d = json.loads(Path(path).read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not a plan: not JSON ({e})") from None
-        if not isinstance(d, dict) or "schema_version" not in d:
-            raise ValueError(f"{path} is not a titan_autopar plan (no schema_version)")
-        if d["schema_version"] != SCHEMA_VERSION:
-            raise ValueError(
-                f"{path} has plan schema {d['schema_version']}, this version reads "
-                f"{SCHEMA_VERSION}: replan with `titan-autopar plan`"
-            )
+        """Read and check a plan file; anything wrong is a PlanError naming file and field."""
+        d = read_plan_file(path)
+        check_plan_data(d, path)
         timings = d.pop("timings", {})
-        return cls(d, timings)
+        return cls(d, timings, str(path))
 
     # -------------------------------------------------------------- accessors
     @property

@@ -1,7 +1,8 @@
 """A model, its parameters made DTensors, its forward replaced by the plan's program.
 
 `parallelize_module(model, plan, mesh, jg)` changes `model` in place and returns it:
-- every parameter becomes an `nn.Parameter` holding a DTensor with the plan's placements (on
+- every parameter becomes an `nn.Parameter` holding a DTensor with the plan's placements (one
+  object under every name of a tied weight, as on a single device; on
   meta if the model was on meta: `to_empty` then `init_weights` materialise it, and
   `init_weights` gives the single-device full tensors for the same seed, see `init.py`);
   buffers stay plain full tensors, as in TorchTitan's recipes, and are sliced per the plan;
@@ -144,12 +145,26 @@ def _distribute(p: torch.nn.Parameter, mesh, placements) -> torch.nn.Parameter:
     return torch.nn.Parameter(d, requires_grad=p.requires_grad)
 
 
+def tied_names(model: torch.nn.Module) -> dict[str, list[str]]:
+    """Each parameter's name (as `named_parameters()` gives it) -> every name it is reachable
+    by: more than one where weights are tied (e.g. `output.weight is tok_embeddings.weight`)."""
+    by_id: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(p), []).append(name)
+    return {name: by_id[id(p)] for name, p in model.named_parameters()}
+
+
 def parallelize_module(model, plan, mesh, jg, local: LocalJoint, split: Split, token: str):
     program = ParallelProgram(model, plan, mesh, jg, local, split, token)
+    aliases = tied_names(model)
     for name, placements in zip(program.param_names, program.param_placements):
-        owner_name, _, leaf = name.rpartition(".")
-        owner = model.get_submodule(owner_name) if owner_name else model
-        owner.register_parameter(leaf, _distribute(getattr(owner, leaf), mesh, placements))
+        new = None
+        for alias in aliases.get(name, [name]):  # a tie stays one Parameter, as on one device
+            owner_name, _, leaf = alias.rpartition(".")
+            owner = model.get_submodule(owner_name) if owner_name else model
+            if new is None:
+                new = _distribute(getattr(owner, leaf), mesh, placements)
+            owner.register_parameter(leaf, new)
     model.autopar = program  # a plain attribute: no state_dict entries
     model.forward = lambda *inputs: program(model, *inputs)
     wrap_init_weights(model)

@@ -6,19 +6,20 @@ prices exact) and keeps a result only if the whole plan's price improves, cyclin
 until a full round changes nothing. On a 1-D mesh this is a single exact solve. On N-D meshes it
 replaces one program over products of per-dim choices -- whose size grows as (options per dim) to
 the power of the mesh's rank, the reason 4-D meshes were called impractical -- with rank-many
-small programs; started from the expert recipe it can only improve on it. Each program gets at
-most `program_limit_s` of solver time; one stopped early keeps its best integer solution and
-reports its gap (against the LP relaxation) in the plan.
+small programs; started from the expert recipe it can only improve on it. Each program stops by
+the counted limits of `SolveLimits` (never by the clock, so plans do not depend on the machine's
+load); one stopped before proving its optimum keeps its best integer solution and reports its
+gap (against the LP relaxation) in the plan.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from titan_autopar.cost.hardware import GiB
-from titan_autopar.solve.ilp import HIDDEN_COMM_WEIGHT, MEMORY_PENALTY_MS_PER_GIB, solve_dim
+from titan_autopar.solve.ilp import (HIDDEN_COMM_WEIGHT, MEMORY_PENALTY_MS_PER_GIB, SolveLimits,
+                                     solve_dim)
 from titan_autopar.solve.problem import Price, Problem
 
 
@@ -56,16 +57,15 @@ def descend(
     *,
     budget_bytes: float,
     solver: str = "cbc",
-    time_limit_s: float | None = None,
+    limits: SolveLimits | None = None,
     max_rounds: int = 3,
-    program_limit_s: float = 1.0,
     log: Callable[[str], None] = lambda s: None,
     stats: DescentStats | None = None,
 ) -> tuple[list[tuple[int, ...]], DescentStats]:
     stats = stats or DescentStats()
+    limits = limits or SolveLimits()
     best = objective_ms(pb.evaluate(assign), budget_bytes)
     ndim = len(pb.sizes)
-    deadline = None if time_limit_s is None else time.perf_counter() + time_limit_s
     version = 0  # bumped on every accepted improvement
     solved_at = [-1] * ndim  # version at which each dim was last solved
     for r in range(max_rounds):
@@ -73,17 +73,18 @@ def descend(
         for m in range(ndim):
             if solved_at[m] == version:
                 continue  # nothing changed since this dim's program was last solved
-            left = program_limit_s
-            if deadline is not None:
-                left = min(left, max(1.0, deadline - time.perf_counter()))
-            res = solve_dim(pb, assign, m, budget_bytes=budget_bytes, solver=solver, time_limit_s=left)
+            res = solve_dim(pb, assign, m, budget_bytes=budget_bytes, solver=solver, limits=limits)
             stats.solves += 1
             stats.variables = max(stats.variables, res.variables)
             stats.constraints = max(stats.constraints, res.constraints)
             stats.build_seconds += res.build_seconds
             stats.solve_seconds += res.solve_seconds
-            if res.status != "optimal":
-                stats.status, stats.gap = res.status, max(stats.gap, res.gap)
+            stats.gap = max(stats.gap, res.gap)
+            if res.status != "optimal" and stats.status != "time_guard":
+                stats.status = res.status
+                if res.status == "time_guard":
+                    log(f"  warning: mesh dim {m}'s program hit the {limits.guard_s:g} s time guard; "
+                        "this plan depends on the machine's speed (raise time_limit_s)")
             obj = objective_ms(pb.evaluate(res.assign), budget_bytes)
             log(f"  round {r + 1} mesh dim {m}: {res.variables} vars, {res.constraints} rows, "
                 f"{res.solve_seconds:.2f}s solve -> {obj:.3f} ms")
@@ -92,8 +93,6 @@ def descend(
                 stats.history.append(obj)
                 version += 1
             solved_at[m] = version
-            if deadline is not None and time.perf_counter() > deadline:
-                return assign, stats
         if all(v == version for v in solved_at):
             break
     return assign, stats

@@ -34,6 +34,12 @@ Objective (milliseconds)
   and eps (HIDDEN_COMM_WEIGHT) a small charge for hidden communication -- it still takes link
   bandwidth and SMs -- that also breaks ties against needless collectives.
 
+Stopping rule. The LP relaxation is solved first; where it is integral (the usual case) that is
+the optimum. Otherwise branch-and-bound runs until the incumbent is within `SolveLimits.gap` of
+the best bound, or `SolveLimits.max_nodes` nodes were explored: both are counts, so the same
+program gives the same answer on a busy machine and an idle one. A wall-clock guard stops a
+runaway program only, and says so ("time_guard").
+
 Forward/backward agreement is an edge like any other: a parameter's unit takes its gradient as an
 input that must arrive in the parameter's own placement; the tangent's unit takes the model
 output likewise. Pins restrict S_u(m) to the pinned placement.
@@ -41,6 +47,9 @@ output likewise. Pins restrict S_u(m) to the pinned placement.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -51,6 +60,18 @@ from titan_autopar.solve.problem import Problem
 
 MEMORY_PENALTY_MS_PER_GIB = 1e6
 HIDDEN_COMM_WEIGHT = 0.02
+
+
+@dataclass(frozen=True)
+class SolveLimits:
+    """When branch-and-bound stops. Only `gap` and `max_nodes` decide where it stops -- both are
+    counted, not timed, so a plan depends on its inputs alone, never on the machine's load.
+    `guard_s` is a wall-clock guard against a runaway program: when it fires the result depends
+    on timing, and the plan's solver status says "time_guard"."""
+
+    gap: float = 0.005  # relative gap to the best bound at which a program counts as solved
+    max_nodes: int = 20000  # branch-and-bound nodes per program
+    guard_s: float = 600.0  # seconds
 
 
 @dataclass
@@ -100,7 +121,7 @@ def solve_dim(
     *,
     budget_bytes: float,
     solver: str = "cbc",
-    time_limit_s: float | None = None,
+    limits: SolveLimits | None = None,
 ) -> DimSolve:
     t0 = time.perf_counter()
     ms = 1e3
@@ -213,17 +234,29 @@ def solve_dim(
     build_s = time.perf_counter() - t0
 
     t1 = time.perf_counter()
-    # the relaxation of this program is usually integral: try the LP first, branch only if not
-    prob.solve(_solver(solver, time_limit_s, mip=False))
-    if prob.status == pulp.LpStatusNotSolved:  # out of time before the LP finished: no limit
-        prob.solve(_solver(solver, None, mip=False))
+    limits = limits or SolveLimits()
+    # the relaxation of this program is usually integral: solve the LP first (an LP solve is
+    # deterministic and fast), branch only if it is not
+    with _solver_files(solver, limits, mip=False) as lp_solver:
+        prob.solve(lp_solver)
+    status, gap = "optimal", 0.0
     if prob.status == pulp.LpStatusOptimal and not _integral(xs):
-        prob.solve(_solver(solver, time_limit_s))
-        if prob.status == pulp.LpStatusNotSolved:  # no integer point yet: give it longer
-            prob.solve(_solver(solver, 10 * (time_limit_s or 1.0)))
-    if prob.status != pulp.LpStatusOptimal:
+        bound = float(pulp.value(prob.objective) or 0.0)  # the LP's: no integer point is lower
+        with _solver_files(solver, limits, mip=True) as mip_solver:
+            prob.solve(mip_solver)
+        guard_fired = time.perf_counter() - t1 >= limits.guard_s * 0.98
+        if prob.status != pulp.LpStatusOptimal:  # stopped before any integer point: keep `assign`
+            return DimSolve(list(assign), "time_guard" if guard_fired else "node_limit",
+                            float("inf"), 1.0, n_vars, n_cons, build_s, time.perf_counter() - t1)
+        obj = float(pulp.value(prob.objective) or 0.0)
+        gap = max(0.0, (obj - bound) / abs(obj)) if obj else 0.0
+        if prob.sol_status != pulp.LpSolutionOptimal:
+            status = "time_guard" if guard_fired else "node_limit"
+        else:  # optimal within `limits.gap` of the solver's own bound
+            gap = min(gap, limits.gap)
+    elif prob.status != pulp.LpStatusOptimal:
         raise RuntimeError(
-            f"the integer program for mesh dim {m} ended {pulp.LpStatus[prob.status]}; "
+            f"the linear program for mesh dim {m} ended {pulp.LpStatus[prob.status]}; "
             "this is a bug, please report it with the plan command you ran"
         )
 
@@ -236,9 +269,6 @@ def solve_dim(
             s = max(sorted(vals), key=lambda k: vals[k])
         new[u] = _with(assign[u], m, s)
     obj = float(pulp.value(prob.objective) or 0.0)
-    status, gap = "optimal", 0.0
-    if prob.sol_status != pulp.LpSolutionOptimal:
-        status, gap = "time_limit", _relaxation_gap(prob, obj, solver)
     solve_s = time.perf_counter() - t1
     return DimSolve(new, status, obj, gap, n_vars, n_cons, build_s, solve_s)
 
@@ -250,21 +280,35 @@ def _integral(xs) -> bool:
     )
 
 
-def _solver(name: str, time_limit_s: float | None, mip: bool = True):
-    if name == "cbc":
-        return pulp.PULP_CBC_CMD(msg=False, threads=1, timeLimit=time_limit_s, mip=mip)
-    if name == "highs":
-        if "HiGHS" not in pulp.listSolvers(onlyAvailable=True):
-            raise ValueError("solver='highs' needs the highspy package: pip install highspy")
-        return pulp.HiGHS(msg=False, timeLimit=time_limit_s, threads=1, mip=mip)
-    raise ValueError(f"unknown solver {name!r}: use 'cbc' (default) or 'highs'")
-
-
-def _relaxation_gap(prob: pulp.LpProblem, obj: float, solver: str) -> float:
-    """Gap of a time-limited solution against the LP relaxation's bound (an upper bound on the
-    true gap). Call only after the solution has been read: it overwrites variable values."""
-    for v in prob.variables():
-        v.cat = pulp.LpContinuous
-    prob.solve(_solver(solver, None))
-    bound = float(pulp.value(prob.objective) or 0.0)
-    return max(0.0, (obj - bound) / abs(obj)) if obj else 0.0
+@contextlib.contextmanager
+def _solver_files(name: str, limits: SolveLimits, mip: bool):
+    """A PuLP solver configured with `limits`, whose files live in a folder of their own that is
+    removed afterwards, also when the solve fails (e.g. the disk is full)."""
+    try:
+        tmp = tempfile.mkdtemp(prefix="titan_autopar_solver_")
+    except OSError as e:
+        raise RuntimeError(f"cannot create the solver's temporary folder in "
+                           f"{tempfile.gettempdir()} ({e.strerror}): free space there or point "
+                           "TMPDIR at a folder with room") from None
+    try:
+        if name == "cbc":
+            s = pulp.PULP_CBC_CMD(msg=False, threads=1, mip=mip, timeLimit=limits.guard_s,
+                                  gapRel=limits.gap if mip else None,
+                                  maxNodes=limits.max_nodes if mip else None)
+            s.tmpDir = tmp
+        elif name == "highs":
+            if "HiGHS" not in pulp.listSolvers(onlyAvailable=True):
+                raise ValueError("solver='highs' needs the highspy package: pip install highspy")
+            extra = {"mip_max_nodes": limits.max_nodes} if mip else {}
+            s = pulp.HiGHS(msg=False, threads=1, mip=mip, timeLimit=limits.guard_s,
+                           gapRel=limits.gap if mip else None, **extra)
+        else:
+            raise ValueError(f"unknown solver {name!r}: use 'cbc' (default) or 'highs'")
+        try:
+            yield s
+        except (OSError, pulp.PulpSolverError) as e:
+            raise RuntimeError(f"the {name} solver failed while solving in {tmp} ({e}); if the "
+                               "disk is full, free space there or point TMPDIR at a folder "
+                               "with room") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

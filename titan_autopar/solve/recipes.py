@@ -26,6 +26,25 @@ ROW = ("wo", "w2")
 VOCAB_ROW = ("tok_embeddings",)
 
 RECIPES = ("fsdp", "fsdp_tp")
+KNOWN_DIMS = REPLICATE_DP | SHARD_DP | CONTEXT | TENSOR
+
+
+def check_dim_names(names) -> None:
+    """Refuse mesh dim names the planner does not know: a name decides how the batch enters
+    (split over data-parallel dims, sequence over cp) and which recipes are priced, so an
+    unknown name would be planned as if it carried nothing."""
+    for n in names:
+        if n == "pp" or n in ("pipeline", "pp_rank"):
+            raise ValueError(
+                f"mesh dim {n!r}: pipeline stages are not planned on one mesh. Plan each stage "
+                "on the mesh without pp (a TorchTitan job with pipeline_parallel_degree > 1 "
+                "under auto = true does this itself), and leave pp out of --mesh")
+        if n not in KNOWN_DIMS:
+            raise ValueError(
+                f"unknown mesh dim name {n!r}: the planner knows dp_replicate (and ddp, "
+                f"replicate), dp_shard (and {', '.join(sorted(SHARD_DP - {'dp_shard'}))}), "
+                f"cp (and context) and tp (and tensor, model); name each dim by what it is "
+                "for (e.g. --mesh dp_shard=8,tp=8)")
 
 
 def default_input_placements(dim_names: tuple[str, ...], x: torch.Tensor) -> tuple[Placement, ...]:

@@ -5,7 +5,9 @@ trains the job twice from it on the same data: under auto, and with its expert t
 config given as `twin`, or by default the same config with `auto = false`, i.e. TorchTitan's
 own recipe for the same degrees). It reads rank 0's per-step figures from TorchTitan's log
 (loss, tokens/s, peak memory), sets them side by side with the plan's predictions, and writes
-`ab.json` and `ab.png` (loss curves and throughput) into the output folder.
+`ab.json` and `ab.png` (loss curves and throughput) into the output folder, which each A/B
+starts empty (`fresh_folder`). The twin may be any TorchTitan config, with or without this
+package's config module. When an arm fails, the error is what its failing rank printed.
 
 Predicted figures are for the plan's hardware preset (e.g. H100); on CPU ranks they are not
 comparable to what is measured, which the table says.
@@ -15,10 +17,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import statistics
 from pathlib import Path
 
-from titan_autopar.titan.launch import launch
+from titan_autopar.titan.config_check import read_toml
+from titan_autopar.titan.launch import failed_rank_lines, launch
+
+SWITCH_MODULE = "titan_autopar.titan.job_config"
 
 _STEP = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+).*?memory:\s*([\d.]+)GiB.*?tps:\s*([\d,]+)")
 _RANK0 = re.compile(r"^(?:\[rank0\]:)?(?!\[rank[1-9])")
@@ -41,8 +47,8 @@ def step_figures(output: str) -> dict[int, dict]:
 
 def _check(run, what: str) -> None:
     if run.returncode != 0:
-        tail = "\n".join(run.stdout.splitlines()[-25:])
-        raise RuntimeError(f"the {what} run failed (exit {run.returncode}); its last lines:\n{tail}")
+        raise RuntimeError(f"the {what} run failed (exit {run.returncode}); what its failing "
+                           f"rank printed:\n{failed_rank_lines(run.stdout)}")
 
 
 def _summary(fig: dict[int, dict], tokens_per_step: int) -> dict:
@@ -54,20 +60,62 @@ def _summary(fig: dict[int, dict], tokens_per_step: int) -> dict:
             "final_loss": fig[max(fig)]["loss"]}
 
 
-def _tokens_per_step(config: Path) -> int:
-    import tomli
-
-    t = tomli.loads(config.read_text()).get("training", {})
+def _tokens_per_step(cfg: dict) -> int:
+    t = cfg.get("training", {})
     return int(t.get("local_batch_size", 8)) * int(t.get("seq_len", 2048))
+
+
+def _has_switch(cfg: dict) -> bool:
+    return cfg.get("job", {}).get("custom_config_module") == SWITCH_MODULE
+
+
+ARM_FOLDERS = ("seed", "auto", "recipe")
+ARM_FILES = ("ab.json", "ab.png")
+
+
+def fresh_folder(out: Path, say=print) -> None:
+    """Each A/B starts from an empty output folder: one left by an earlier A/B (its seed, auto,
+    recipe, ab.json, ab.png and nothing else) is cleared, saying so; a folder holding anything
+    else is refused, so nothing of the user's is deleted."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ValueError(f"--out {out} is a file: give a folder for the A/B's results")
+    entries = list(out.iterdir())
+    if not entries:
+        return
+    foreign = [e.name for e in entries if e.name not in ARM_FOLDERS + ARM_FILES]
+    if foreign:
+        raise ValueError(f"{out} holds files an A/B did not write ({', '.join(sorted(foreign)[:5])}):"
+                         " refusing to clear it. Give another --out, or empty it")
+    for e in entries:
+        shutil.rmtree(e) if e.is_dir() else e.unlink()
+    say(f"[ab] cleared the earlier A/B in {out}: each A/B starts from a fresh seed and empty "
+        "run folders")
 
 
 def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
            cwd=None, say=print) -> dict:
+    """Seed, auto arm, recipe arm, then the summary (see the module docstring). Every argument
+    is checked before anything runs."""
+    if not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"--nproc {nproc}: give the number of CPU ranks, at least 1")
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"--steps {steps}: give the number of training steps, at least 1")
     config = Path(config)
-    out = Path(out_dir or Path("out") / "ab" / config.stem).resolve()
     base = Path(cwd or ".")
-    if not (base / config).is_file():
-        raise FileNotFoundError(f"no TorchTitan config at {config}")
+    cfg = read_toml(base / config)
+    if not _has_switch(cfg):
+        raise ValueError(f"{config} has no [job] custom_config_module = \"{SWITCH_MODULE}\": "
+                         "--config must be a job with the auto switch (see docs/user_guide.md); "
+                         "the recipe goes in --twin")
+    twin_args = ["--parallelism.no-auto"]
+    if twin is not None:
+        # a twin may be any TorchTitan config; only one that names this package's config
+        # module knows [parallelism] auto, and is held to its recipe with it
+        twin_args = ["--parallelism.no-auto"] if _has_switch(read_toml(base / twin)) else []
+    out = Path(out_dir or Path("out") / "ab" / config.stem).resolve()
+    fresh_folder(out, say)
     say(f"[ab] seed checkpoint (1 rank) -> {out / 'seed'}")
     run = launch(config, 1, ["--job.dump_folder", str(out / "seed"), "--checkpoint.enable",
                              "--checkpoint.create_seed_checkpoint", "--parallelism.no-auto",
@@ -81,15 +129,19 @@ def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
     common = ["--checkpoint.enable", "--checkpoint.initial_load_path", str(seed),
               "--checkpoint.interval", str(steps + 1), "--training.steps", str(steps)]
     arms = {"auto": (config, ["--parallelism.auto", "--auto_parallel.save_plan", "plan.json"]),
-            "recipe": (Path(twin) if twin else config, ["--parallelism.no-auto"])}
+            "recipe": (Path(twin) if twin else config, twin_args)}
     figures = {}
-    for name, (cfg, extra) in arms.items():
-        say(f"[ab] {name}: {cfg}, {steps} steps on {nproc} ranks")
-        run = launch(cfg, nproc, ["--job.dump_folder", str(out / name), *common, *extra],
+    for name, (cfg_path, extra) in arms.items():
+        say(f"[ab] {name}: {cfg_path}, {steps} steps on {nproc} ranks")
+        run = launch(cfg_path, nproc, ["--job.dump_folder", str(out / name), *common, *extra],
                      cwd=cwd, stream=False)
         _check(run, name)
         figures[name] = step_figures(run.stdout)
-    tokens = _tokens_per_step(base / config)
+        if not figures[name]:
+            raise RuntimeError(f"the {name} run printed no step figures on rank 0 (with pp > 1 "
+                               "the loss is printed by the last stage); its last lines:\n"
+                               + "\n".join(run.stdout.splitlines()[-15:]))
+    tokens = _tokens_per_step(cfg)
     plan = json.loads((out / "auto" / "plan.json").read_text())
     result = {
         "config": str(config), "twin": str(twin or f"{config} with auto = false"),

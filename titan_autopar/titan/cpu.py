@@ -157,17 +157,32 @@ def apply_cpu_patches(names=None) -> None:
 
 def main() -> None:
     """Entry point: patch, register the tiny dataset, build its assets, run TorchTitan's trainer
-    on `sys.argv[1:]` (TorchTitan's config manager reads the command line itself)."""
+    on `sys.argv[1:]` (TorchTitan's config manager reads the command line itself). A config or
+    plan error (a ValueError: it says what to change) ends the rank with that message and exit
+    code 2, not a traceback; TITAN_AUTOPAR_TRACEBACK=1 shows the traceback too."""
     apply_cpu_patches()
     from torchtitan.config import ConfigManager
 
+    from titan_autopar.titan.config_check import check_job_config, read_toml
     from titan_autopar.titan.data import prepare_job_assets, register_dataset
 
-    register_dataset()
-    prepare_job_assets(ConfigManager().parse_args(sys.argv[1:]))
-    import torchtitan.train
+    try:
+        args = sys.argv[1:]
+        for i, a in enumerate(args):  # the file first, so that a TOML error names it
+            if a.split("=")[0] in ("--job.config_file", "--job.config-file"):
+                read_toml(a.split("=", 1)[1] if "=" in a else args[i + 1])
+        register_dataset()
+        config = ConfigManager().parse_args(sys.argv[1:])
+        check_job_config(config, config.job.config_file or "the config")
+        prepare_job_assets(config)
+        import torchtitan.train
 
-    torchtitan.train.main(torchtitan.train.Trainer)
+        torchtitan.train.main(torchtitan.train.Trainer)
+    except ValueError as e:
+        if os.environ.get("TITAN_AUTOPAR_TRACEBACK"):
+            raise
+        print(f"titan_autopar: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

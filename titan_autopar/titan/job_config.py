@@ -7,39 +7,14 @@ whose parallelize function plans the model when `parallelism.auto` is set and ot
 the model's own recipe unchanged (`titan/parallelize.py`), and puts a clear check of the
 parallelism degrees against the rank count before TorchTitan's own (`titan/degree_check.py`).
 
-(No `from __future__ import annotations` here: TorchTitan merges these dataclasses by their
-field types, which must be classes, not strings.)
+The fields themselves are declared in `titan/config_fields.py`.
 """
 
 from dataclasses import dataclass, field
 
+from titan_autopar.titan.config_fields import AutoParallel, Parallelism
 from titan_autopar.titan.degree_check import install_degree_check
 from titan_autopar.titan.parallelize import register_auto_train_specs
-
-
-@dataclass
-class Parallelism:
-    auto: bool = False
-    """Plan this model's parallelism with titan_autopar instead of its hand-written recipe. The
-    degrees (dp_replicate, dp_shard, cp, tp, pp) still define the mesh; the planner decides
-    what each of its dims carries."""
-
-
-@dataclass
-class AutoParallel:
-    plan_file: str = ""
-    """Replay this saved plan instead of solving; a plan made for another model, batch or mesh
-    is refused with what differs."""
-    save_plan: str = ""
-    """Write the plan (JSON) here; relative paths are under the job's dump folder."""
-    hardware: str = "h100"
-    """Hardware preset whose costs the planner uses: h100, h200, a100 or b200."""
-    memory_budget_gib: float = 0.0
-    """Per-device memory budget for the plan; 0 means the preset's memory."""
-    solver: str = "cbc"
-    """cbc (default) or highs."""
-    time_limit_s: float = 0.0
-    """Time limit of each integer program in seconds; 0 means the planner's default."""
 
 
 @dataclass

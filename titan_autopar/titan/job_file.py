@@ -10,9 +10,10 @@ defaults where a section leaves them out: selective checkpointing, bf16 compute)
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from titan_autopar.titan.config_check import ConfigError, check_section, read_toml
 
 
 @dataclass
@@ -38,18 +39,40 @@ def planner_mesh(dp_replicate: int, dp_shard: int, tp: int) -> tuple[tuple[str, 
     return tuple(names), tuple(sizes)
 
 
+def _checked_sections(cfg: dict, source: str) -> dict:
+    """The sections this module reads, each value checked against TorchTitan's (and this
+    package's) declared type."""
+    from torchtitan.config import job_config as tt
+
+    from titan_autopar.titan import config_fields as ours
+
+    declared = {"model": [tt.Model], "training": [tt.Training],
+                "parallelism": [tt.Parallelism, ours.Parallelism],
+                "auto_parallel": [ours.AutoParallel],
+                "activation_checkpoint": [tt.ActivationCheckpoint]}
+    out = {}
+    for section, classes in declared.items():
+        values = cfg.get(section, {})
+        for cls in classes:
+            check_section(section, values, cls, source)
+        out[section] = values
+    return out
+
+
 def planning_job(path: str | Path) -> PlanningJob:
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"no config at {path}: give a TorchTitan TOML such as "
-                                "train_configs/llama3_8b_64gpu_auto.toml")
-    with path.open("rb") as f:
-        cfg = tomllib.load(f)
-    model, training = cfg.get("model", {}), cfg.get("training", {})
-    par, ap = cfg.get("parallelism", {}), cfg.get("auto_parallel", {})
+        raise ConfigError(f"no config at {path}: give a TorchTitan TOML such as "
+                          "train_configs/llama3_8b_64gpu_auto.toml")
+    sections = _checked_sections(read_toml(path), str(path))
+    model, training = sections["model"], sections["training"]
+    par, ap = sections["parallelism"], sections["auto_parallel"]
     deg = {k: int(par.get(f"{k}_degree", 1)) for k in (
         "data_parallel_replicate", "data_parallel_shard", "tensor_parallel", "pipeline_parallel",
         "context_parallel")}
+    for key in ("seq_len", "local_batch_size"):
+        if key in training and training[key] < 1:
+            raise ConfigError(f"{path}: [training] {key} = {training[key]}: it must be at least 1")
     if deg["data_parallel_shard"] < 1:
         raise ValueError(f"{path}: data_parallel_shard_degree = {deg['data_parallel_shard']}; "
                          "planning ahead needs the cluster size: write the degree out (e.g. 64 "
@@ -71,6 +94,6 @@ def planning_job(path: str | Path) -> PlanningJob:
         local_batch_size=int(training.get("local_batch_size", 8)),
         mesh_names=tuple(names), mesh_sizes=tuple(sizes),
         hardware=ap.get("hardware", "h100"), memory_budget_gib=budget, world_size=world,
-        activation_checkpointing=cfg.get("activation_checkpoint", {}).get("mode", "selective"),
+        activation_checkpointing=sections["activation_checkpoint"].get("mode", "selective"),
         param_dtype=(None if training.get("mixed_precision_param", "bfloat16") == "float32"
                      else training.get("mixed_precision_param", "bfloat16")))

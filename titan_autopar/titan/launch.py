@@ -3,8 +3,9 @@
 Owns `launch`: torchrun over `python -m titan_autopar.titan.cpu` (see `titan.cpu`) with
 OMP_NUM_THREADS=1, every rank's output tagged "[rankN]:", captured and optionally streamed; and
 the readers of a finished run: `parse_losses` (step -> loss from TorchTitan's log lines) and
-`tensorboard_scalars` (step -> value from the run's TensorBoard event files). For tests and the
-A/B command; a person can run the same command line by hand (`torchrun_command`).
+`tensorboard_scalars` (step -> value from the run's TensorBoard event files), and `failed_rank_lines`
+(what the rank that failed first printed, instead of torchrun's summary). For tests and the A/B
+command; a person can run the same command line by hand (`torchrun_command`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 LOSS_TAG = "loss_metrics/global_avg_loss"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STEP = re.compile(r"^(?:\[rank(\d+)\]:)?.*\bstep:\s*(\d+)\s+loss:\s*(\S+)")
+_ROOT_CAUSE = re.compile(r"Root Cause.*?\n.*?rank\s*:\s*(\d+)", re.S)
+_RANK_LINE = re.compile(r"^\[rank(\d+)\]:(.*)$")
 
 
 def torchrun_command(config: str | os.PathLike, nproc: int, extra_args=(),
@@ -120,3 +123,23 @@ def tensorboard_scalars(folder: str | os.PathLike, tag: str = LOSS_TAG) -> dict[
             values.update({e.step: e.value for e in acc.Scalars(tag)})
     return values
 
+
+
+def failed_rank_lines(output: str, last: int = 30) -> str:
+    """The last lines that the rank torchrun names as the root cause printed (its traceback and
+    error), without the "[rankN]:" tags; where no rank is named, the lines of the first rank that
+    printed a traceback or error, else the run's last lines."""
+    lines = [_ANSI.sub("", x) for x in output.splitlines()]
+    by_rank: dict[int, list[str]] = {}
+    for line in lines:
+        m = _RANK_LINE.match(line)
+        if m:
+            by_rank.setdefault(int(m.group(1)), []).append(m.group(2))
+    m = _ROOT_CAUSE.search("\n".join(lines))
+    rank = int(m.group(1)) if m else None
+    if rank not in by_rank:
+        rank = next((r for r, ls in sorted(by_rank.items())
+                     if any("Traceback" in x or "Error" in x for x in ls)), None)
+    if rank is None:
+        return "\n".join(lines[-last:])
+    return f"rank {rank}:\n" + "\n".join(by_rank[rank][-last:])

@@ -67,7 +67,14 @@ def register_auto_train_specs() -> list[str]:
 
 def _switch(recipe):
     def parallelize(model, parallel_dims, job_config):
-        if getattr(job_config.parallelism, "auto", False):
+        from titan_autopar.titan.config_check import check_job_config, check_section
+        from titan_autopar.titan.config_fields import Parallelism
+
+        auto = getattr(job_config.parallelism, "auto", False)
+        check_section("parallelism", {"auto": auto}, Parallelism, job_config.job.config_file
+                      or "the config")
+        if auto:
+            check_job_config(job_config, job_config.job.config_file or "the config")
             return plan_and_apply(model, parallel_dims, job_config)
         return recipe(model, parallel_dims, job_config)
 
@@ -172,58 +179,118 @@ def _resolve(path: str, job_config) -> Path:
     return p if p.is_absolute() else Path(job_config.job.dump_folder) / p
 
 
+def replay_differences(plan, model, tokens, names, sizes, job_config, *,
+                       settings: bool = False) -> list[str]:
+    """What keeps `plan` from running this job (model, inputs, mesh, mixed precision,
+    activation checkpointing), each as "what: plan has X, the job Y"; with `settings`, also
+    what the planner would now decide differently (hardware, memory budget, solver)."""
+    from titan_autopar.cost.hardware import GiB, get_hardware
+    from titan_autopar.plan import fingerprint
+
+    ap = job_config.auto_parallel
+    hw = get_hardware(ap.hardware)
+    fp = fingerprint(model, (tokens,), names, sizes, hw)
+    mine = plan.data["fingerprint"]
+    keys = ("model", "parameters", "inputs", "mesh") + (("hardware",) if settings else ())
+    out = [f"{k}: plan has {mine.get(k)!r}, the job {fp[k]!r}" for k in keys if mine.get(k) != fp[k]]
+    want = compute_dtype(model, job_config)
+    want = str(want).removeprefix("torch.") if want else None
+    if plan.data.get("param_dtype") != want:
+        planned = plan.data.get("param_dtype") or "the parameters' dtype"
+        out.append(f"mixed precision: plan computes in {planned}, the job asks for "
+                   f"mixed_precision_param = {job_config.training.mixed_precision_param!r}")
+    ac = plan.data.get("activation_checkpointing", "none")
+    if ac != job_config.activation_checkpoint.mode:
+        out.append(f"activation checkpointing: plan has {ac!r}, the job "
+                   f"{job_config.activation_checkpoint.mode!r}")
+    if settings:
+        budget = round((ap.memory_budget_gib * GiB if ap.memory_budget_gib else hw.hbm_bytes) / GiB, 6)
+        if plan.data.get("memory_budget_gib") != budget:
+            out.append(f"memory budget: plan has {plan.data.get('memory_budget_gib')} GiB, the job "
+                       f"{budget} GiB")
+        if plan.data.get("solver", {}).get("name") != ap.solver:
+            out.append(f"solver: plan has {plan.data.get('solver', {}).get('name')!r}, the job "
+                       f"{ap.solver!r}")
+    return out
+
+
+def _replayed(path: Path, model, tokens, names, sizes, job_config):
+    """The plan file `[auto_parallel] plan_file` names, refused with what differs."""
+    from titan_autopar import Plan
+    from titan_autopar.plan import StalePlanError
+
+    plan = Plan.load(path)
+    diffs = replay_differences(plan, model, tokens, names, sizes, job_config)
+    if diffs:
+        raise StalePlanError(
+            f"the plan in {path} was made for something else and cannot be replayed: "
+            + "; ".join(diffs) + ". Plan again (remove plan_file), or restore the job's settings "
+            "(inputs are local_batch_size x data-parallel degrees by seq_len; with pp, the "
+            "microbatch).")
+    return plan
+
+
+def _saved(path: Path, model, tokens, names, sizes, job_config, log):
+    """The plan an earlier run of this job saved at `path`, if it was made for exactly this job
+    (a restart, e.g. to resume from a checkpoint, replays it instead of solving again)."""
+    from titan_autopar import Plan
+    from titan_autopar.plan import PlanError
+
+    if not path.is_file():
+        return None
+    try:
+        plan = Plan.load(path)
+    except PlanError as e:
+        log.info(f"[titan_autopar] not reusing {path}: {e}")
+        return None
+    diffs = replay_differences(plan, model, tokens, names, sizes, job_config, settings=True)
+    if diffs:
+        log.info(f"[titan_autopar] the plan saved in {path} was made for another job ("
+                 + "; ".join(diffs) + "): planning again, it will be overwritten")
+        return None
+    log.info(f"[titan_autopar] reusing the plan saved in {path} by an earlier run of this job "
+             "(same model, inputs, mesh and settings); delete it to plan again")
+    return plan
+
+
 def _plan(model, mesh, tokens, names, job_config, tag):
     from titan_autopar import Plan, plan_model
-    from titan_autopar.plan import StalePlanError
     from titan_autopar.solve.recipes import default_input_placements
 
     ap = job_config.auto_parallel
     log = _log()
     what = f"stage {tag} of " if tag else ""
+    sizes = tuple(mesh.shape)
     if ap.plan_file:
-        path = Path(with_tag(ap.plan_file, tag))
-        if not path.exists():
-            raise AutoConfigError(f"[auto_parallel] plan_file = {ap.plan_file!r}: {path} does not "
-                                  "exist: give a plan saved by `save_plan` or `titan-autopar plan` "
-                                  "(with pp > 1, one per stage: <name>.pp<rank>.json), or remove "
-                                  "plan_file to plan now")
+        path = _resolve(with_tag(ap.plan_file, tag), job_config)
+        if not path.is_file():
+            raise AutoConfigError(
+                f"[auto_parallel] plan_file = {ap.plan_file!r}: looked for {path}, which does not "
+                "exist (a relative plan_file is under [job] dump_folder, as save_plan is). Give a "
+                "plan saved by `save_plan` or `titan-autopar plan` (with pp > 1, one per stage: "
+                "<name>.pp<rank>.json), or remove plan_file to plan now")
         log.info(f"[titan_autopar] replaying the plan in {path}")
-        plan = Plan.load(path)
-        planned, now = plan.data["fingerprint"]["inputs"], [[list(tokens.shape), str(tokens.dtype)]]
-        if planned != now:
-            raise StalePlanError(
-                f"the plan in {path} was made for something else and cannot be replayed: inputs: "
-                f"plan has {planned}, now {now} (local_batch_size x data-parallel degrees, "
-                "seq_len; with pp, the microbatch). Plan again (remove plan_file) or restore the "
-                "batch and sequence length.")
-        dtype, want = plan.data.get("param_dtype"), compute_dtype(model, job_config)
-        if dtype != (str(want).removeprefix("torch.") if want else None):
-            raise StalePlanError(
-                f"the plan in {path} computes in {dtype or 'the parameters dtype'}, the job asks "
-                f"for mixed_precision_param = {job_config.training.mixed_precision_param!r}: plan "
-                "again (remove plan_file) or restore the setting")
-        ac = plan.data.get("activation_checkpointing", "none")
-        if ac != job_config.activation_checkpoint.mode:
-            raise StalePlanError(
-                f"the plan in {path} was made with activation checkpointing {ac!r}, the job asks "
-                f"for {job_config.activation_checkpoint.mode!r}: plan again (remove plan_file) or "
-                f"set [activation_checkpoint] mode = {ac!r}")
-        return plan
+        return _replayed(path, model, tokens, names, sizes, job_config)
     # the first rank of each stage's mesh plans that stage; every rank takes its stage's plan
     first = _first_rank(mesh)
     plan_json = None
     if _rank() == first:
-        log.info(f"[titan_autopar] planning {what}{type(model).__name__} on mesh "
-                 f"{dict(zip(names, mesh.shape))} for a {ap.hardware} cluster")
-        plan = plan_model(
-            model, mesh, (tokens,),
-            output_placements=[default_input_placements(names, torch.empty(1, 1, 1))],
-            hardware=ap.hardware, memory_budget_gib=ap.memory_budget_gib or None,
-            solver=ap.solver, time_limit_s=ap.time_limit_s or None,
-            activation_checkpointing=job_config.activation_checkpoint.mode,
-            param_dtype=compute_dtype(model, job_config),
-            progress=lambda s: log.info(f"[titan_autopar] {s}"),
-        )
+        plan = None
+        if ap.save_plan:
+            plan = _saved(_resolve(with_tag(ap.save_plan, tag), job_config), model, tokens, names,
+                          sizes, job_config, log)
+        if plan is None:
+            log.info(f"[titan_autopar] planning {what}{type(model).__name__} on mesh "
+                     f"{dict(zip(names, mesh.shape))} for a {ap.hardware} cluster")
+            plan = plan_model(
+                model, mesh, (tokens,),
+                output_placements=[default_input_placements(names, torch.empty(1, 1, 1))],
+                hardware=ap.hardware, memory_budget_gib=ap.memory_budget_gib or None,
+                solver=ap.solver, time_limit_s=ap.time_limit_s or None,
+                activation_checkpointing=job_config.activation_checkpoint.mode,
+                param_dtype=compute_dtype(model, job_config),
+                progress=lambda s: log.info(f"[titan_autopar] {s}"),
+            )
         plan_json = plan.to_json()
     if dist.is_initialized() and dist.get_world_size() > 1:
         every = [None] * dist.get_world_size()

@@ -1,0 +1,332 @@
+"""Reading a plan file safely: every field checked, every failure one `PlanError`.
+
+A plan is a file people edit, copy and mistype, so nothing in it is trusted. `read_plan_file`
+reads the text (a missing file, a folder, binary data or JSON nested past any plan's depth are
+errors, not tracebacks), parses it (duplicate keys and NaN are refused) and `check_plan_data`
+checks each field against the schema written out in `docs/plan_format.md`: types, placement
+syntax ("R", "P", "S(d)"), one placement per mesh dim, the mesh against the fingerprint, the
+collectives' mesh dims against the mesh. Every error names the file and the field, so a person
+can find what to fix. What needs the model itself (a Shard dim beyond a tensor's rank, the
+`parameters` section against the graph's parameter nodes) is checked where the graph is known:
+`apply_plan`, before any rank runs the plan.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+MAX_PLAN_BYTES = 1 << 30
+_PLACEMENT = re.compile(r"^(R|P|S\((0|[1-9][0-9]{0,2})\))$")
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+CHECKPOINTING = ("none", "selective", "full")
+
+
+class PlanError(ValueError):
+    """A plan file that cannot be used, naming the file and the field."""
+
+
+def _fail(source, where: str, what: str):
+    raise PlanError(f"{source}: {where}: {what}" if where else f"{source}: {what}")
+
+
+def read_plan_file(path) -> dict:
+    """The JSON object in the file at `path`, or PlanError saying why there is none."""
+    p = Path(path)
+    if not p.exists():
+        raise PlanError(f"{p}: no such file: give the path of a plan saved by `titan-autopar "
+                        "plan` or by a job's save_plan")
+    if p.is_dir():
+        raise PlanError(f"{p} is a folder, not a plan file: give the path of a .json plan")
+    try:
+        if p.stat().st_size > MAX_PLAN_BYTES:
+            raise PlanError(f"{p} is {p.stat().st_size} bytes, larger than any plan: not a plan")
+        raw = p.read_bytes()
+    except OSError as e:
+        raise PlanError(f"{p} cannot be read: {e.strerror}") from None
+    return parse_plan_text(raw, p)
+
+
+def _no_duplicates(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise PlanError(f"key {k!r} appears twice in one object")
+        out[k] = v
+    return out
+
+
+def _no_constants(name):
+    raise PlanError(f"{name} is not a number a plan can hold")
+
+
+def parse_plan_text(raw: bytes | str, source) -> dict:
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError:
+        raise PlanError(f"{source} is not a plan: not UTF-8 text (a binary file?)") from None
+    try:
+        d = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+    except PlanError as e:
+        raise PlanError(f"{source} is not a valid plan: {e}") from None
+    except json.JSONDecodeError as e:
+        raise PlanError(f"{source} is not a plan: not JSON ({e})") from None
+    except RecursionError:
+        raise PlanError(f"{source} is not a plan: its JSON is nested deeper than any plan's") \
+            from None
+    if not isinstance(d, dict) or "schema_version" not in d:
+        raise PlanError(f"{source} is not a titan_autopar plan (no schema_version)")
+    return d
+
+
+# ------------------------------------------------------------------ field checks
+def _obj(src, where, v) -> dict:
+    if not isinstance(v, dict):
+        _fail(src, where, f"expected an object, found {_kind(v)}")
+    return v
+
+
+def _list(src, where, v) -> list:
+    if not isinstance(v, list):
+        _fail(src, where, f"expected a list, found {_kind(v)}")
+    return v
+
+
+def _str(src, where, v) -> str:
+    if not isinstance(v, str):
+        _fail(src, where, f"expected a string, found {_kind(v)}")
+    return v
+
+
+def _int(src, where, v, low: int = 0) -> int:
+    if not isinstance(v, int) or isinstance(v, bool):
+        _fail(src, where, f"expected a whole number, found {_kind(v)}")
+    if v < low:
+        _fail(src, where, f"expected a whole number of at least {low}, found {v}")
+    return v
+
+
+def _num(src, where, v, low: float = 0.0) -> float:
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        _fail(src, where, f"expected a number, found {_kind(v)}")
+    if v < low:
+        _fail(src, where, f"expected a number of at least {low}, found {v}")
+    return v
+
+
+def _bool(src, where, v) -> bool:
+    if not isinstance(v, bool):
+        _fail(src, where, f"expected true or false, found {_kind(v)}")
+    return v
+
+
+def _kind(v) -> str:
+    if isinstance(v, bool):
+        return f"{str(v).lower()}"
+    if isinstance(v, (int, float)):
+        return f"the number {v}"
+    if isinstance(v, str):
+        return f"the string {v[:40]!r}"
+    if v is None:
+        return "null"
+    return {dict: "an object", list: "a list"}.get(type(v), type(v).__name__)
+
+
+def _placements(src, where, v, ndim: int, *, absent_ok: bool = False) -> list:
+    _list(src, where, v)
+    if len(v) != ndim:
+        _fail(src, where, f"has {len(v)} placements, the mesh has {ndim} dims: give one per dim")
+    for i, p in enumerate(v):
+        _str(src, f"{where}[{i}]", p)
+        if absent_ok and p == "-":
+            continue
+        if not _PLACEMENT.match(p):
+            _fail(src, f"{where}[{i}]", f"unknown placement {p!r}: use R, P or S(d) with d a "
+                  "tensor dim")
+    if absent_ok and "-" in v and any(p != "-" for p in v):
+        _fail(src, where, "mixes '-' (no tensor) with placements")
+    return v
+
+
+def _price(src, where, v) -> None:
+    _obj(src, where, v)
+    for k in ("step_time_s", "compute_s", "exposed_comm_s", "total_comm_s", "peak_memory_gib"):
+        _num(src, f"{where}.{k}", v.get(k))
+    for k, x in _obj(src, f"{where}.memory_gib", v.get("memory_gib")).items():
+        _num(src, f"{where}.memory_gib.{k}", x)
+
+
+def check_plan_data(d: dict, source) -> None:
+    """Check every field of a plan's JSON object; PlanError names the file and the field."""
+    src = source
+    v = d.get("schema_version")
+    if not isinstance(v, int) or isinstance(v, bool):
+        _fail(src, "schema_version", f"expected the whole number {SCHEMA_VERSION}, found {_kind(v)}")
+    if v != SCHEMA_VERSION:
+        _fail(src, "", f"plan schema {v}, this version reads schema {SCHEMA_VERSION}: replan with "
+              "`titan-autopar plan`")
+    for key in ("fingerprint", "mesh", "hardware", "predicted", "recipes", "solver", "sizes",
+                "parameters", "nodes", "collectives", "memory_budget_gib"):
+        if key not in d:
+            _fail(src, key, "missing: the plan is incomplete; replan with `titan-autopar plan`")
+
+    mesh = _obj(src, "mesh", d["mesh"])
+    names = _list(src, "mesh.names", mesh.get("names"))
+    for i, n in enumerate(names):
+        _str(src, f"mesh.names[{i}]", n)
+    if not names:
+        _fail(src, "mesh.names", "empty: a mesh has at least one dim")
+    if len(set(names)) != len(names):
+        _fail(src, "mesh.names", f"names a dim twice: {names}")
+    shape = _list(src, "mesh.shape", mesh.get("shape"))
+    for i, s in enumerate(shape):
+        _int(src, f"mesh.shape[{i}]", s, low=1)
+    if len(shape) != len(names):
+        _fail(src, "mesh.shape", f"has {len(shape)} sizes for {len(names)} dim names")
+    cross = _list(src, "mesh.crosses_nodes", mesh.get("crosses_nodes"))
+    if len(cross) != len(names):
+        _fail(src, "mesh.crosses_nodes", f"has {len(cross)} entries for {len(names)} dims")
+    for i, c in enumerate(cross):
+        _bool(src, f"mesh.crosses_nodes[{i}]", c)
+    ndim = len(names)
+
+    fp = _obj(src, "fingerprint", d["fingerprint"])
+    for k in ("model", "hardware"):
+        _str(src, f"fingerprint.{k}", fp.get(k))
+    _int(src, "fingerprint.parameters", fp.get("parameters"))
+    for i, x in enumerate(_list(src, "fingerprint.inputs", fp.get("inputs"))):
+        w = f"fingerprint.inputs[{i}]"
+        if not isinstance(x, list) or len(x) != 2:
+            _fail(src, w, "expected [shape, dtype]")
+        for j, s in enumerate(_list(src, f"{w}[0]", x[0])):
+            _int(src, f"{w}[0][{j}]", s)
+        if not _str(src, f"{w}[1]", x[1]).startswith("torch."):
+            _fail(src, f"{w}[1]", f"expected a torch dtype such as 'torch.int64', found {x[1]!r}")
+    fmesh = _obj(src, "fingerprint.mesh", fp.get("mesh"))
+    if fmesh != {"names": names, "shape": shape}:
+        _fail(src, "fingerprint.mesh", f"says {fmesh}, the plan's mesh is names {names}, shape "
+              f"{shape}: the two must agree")
+
+    hw = _obj(src, "hardware", d["hardware"])
+    _str(src, "hardware.name", hw.get("name"))
+    for k, x in hw.items():
+        if k != "name":
+            _num(src, f"hardware.{k}", x)
+    _num(src, "memory_budget_gib", d["memory_budget_gib"])
+    if d["memory_budget_gib"] <= 0:
+        _fail(src, "memory_budget_gib", "must be more than 0")
+    _price(src, "predicted", d["predicted"])
+    for r, p in _obj(src, "recipes", d["recipes"]).items():
+        _price(src, f"recipes.{r}", p)
+
+    sv = _obj(src, "solver", d["solver"])
+    for k in ("name", "method", "status", "best_start"):
+        _str(src, f"solver.{k}", sv.get(k))
+    for k in ("gap", "objective_ms"):
+        _num(src, f"solver.{k}", sv.get(k))
+    for k in ("programs", "max_variables", "max_constraints"):
+        _int(src, f"solver.{k}", sv.get(k))
+
+    sizes = _obj(src, "sizes", d["sizes"])
+    for k in ("graph_nodes", "representatives", "edges", "options"):
+        _int(src, f"sizes.{k}", sizes.get(k))
+    for c, members in _obj(src, "sizes.shared_blocks", sizes.get("shared_blocks")).items():
+        if not _list(src, f"sizes.shared_blocks.{c}", members):
+            _fail(src, f"sizes.shared_blocks.{c}", "empty: a shared class has members")
+        for i, m in enumerate(members):
+            _str(src, f"sizes.shared_blocks.{c}[{i}]", m)
+    for k, n in _obj(src, "fallbacks", d.get("fallbacks", {})).items():
+        _int(src, f"fallbacks.{k}", n, low=1)
+    for i, b in enumerate(_list(src, "opaque_blocks", d.get("opaque_blocks", []))):
+        _str(src, f"opaque_blocks[{i}]", b)
+    ac = d.get("activation_checkpointing", "none")
+    if ac not in CHECKPOINTING:
+        _fail(src, "activation_checkpointing", f"found {_kind(ac)}; expected one of "
+              f"{', '.join(CHECKPOINTING)}")
+    dt = d.get("param_dtype")
+    if dt is not None and dt not in DTYPES:
+        _fail(src, "param_dtype", f"found {_kind(dt)}; expected null or one of {', '.join(DTYPES)}")
+
+    params = _obj(src, "parameters", d["parameters"])
+    for name, pl in params.items():
+        _placements(src, f"parameters[{name!r}]", pl, ndim)
+    nodes = _obj(src, "nodes", d["nodes"])
+    for name, e in nodes.items():
+        w = f"nodes[{name!r}]"
+        _obj(src, w, e)
+        _str(src, f"{w}.op", e.get("op"))
+        for j, pl in enumerate(_list(src, f"{w}.out", e.get("out"))):
+            _placements(src, f"{w}.out[{j}]", pl, ndim, absent_ok=True)
+        for k, pl in enumerate(_list(src, f"{w}.in", e.get("in", []))):
+            _placements(src, f"{w}.in[{k}]", pl, ndim)
+    if len(params) != fp["parameters"]:
+        _fail(src, "parameters", f"lists {len(params)} parameters, the fingerprint says "
+              f"{fp['parameters']}")
+    if params and not any(isinstance(e, dict) and e.get("op") == "param" for e in nodes.values()):
+        _fail(src, "nodes", "has no parameter nodes, though the plan has parameters")
+
+    for i, c in enumerate(_list(src, "collectives", d["collectives"])):
+        w = f"collectives[{i}]"
+        _obj(src, w, c)
+        for k in ("producer", "consumer", "block", "kind", "collective"):
+            _str(src, f"{w}.{k}", c.get(k))
+        if _str(src, f"{w}.mesh_dim", c.get("mesh_dim")) not in names:
+            _fail(src, f"{w}.mesh_dim", f"{c['mesh_dim']!r} is not a dim of the mesh {names}")
+        _int(src, f"{w}.bytes", c.get("bytes"))
+        _int(src, f"{w}.count", c.get("count"), low=1)
+        _num(src, f"{w}.seconds_each", c.get("seconds_each"))
+        _placements(src, f"{w}.from", c.get("from"), ndim)
+        _placements(src, f"{w}.to", c.get("to"), ndim)
+    timings = d.get("timings", {})
+    if not isinstance(timings, dict):
+        _fail(src, "timings", f"expected an object, found {_kind(timings)}")
+
+
+def _rank_problems(where: str, pls, metas) -> str | None:
+    for j, (pl, meta) in enumerate(zip(pls, metas)):
+        ndim = getattr(meta, "ndim", None)
+        if ndim is None:
+            continue
+        for p in pl:
+            if p.startswith("S(") and int(p[2:-1]) >= ndim:
+                return (f"{where}[{j}] = {pl} shards dim {p[2:-1]} of a tensor with {ndim} dims "
+                        f"(shape {tuple(meta.shape)})")
+    return None
+
+
+def check_against_graph(d: dict, jg, source) -> None:
+    """What a plan file can only be checked against with the model's traced graph `jg` at hand:
+    every Shard dim within its tensor's rank, one output placement per output, and each
+    parameter's placement in `parameters` equal to its graph node's (the one that runs)."""
+    import torch.fx as fx
+    from torch.utils import _pytree as pytree
+
+    nodes = d["nodes"]
+    for name, node in jg.param_nodes.items():
+        entry = nodes.get(node.name)
+        if entry is None or name not in d["parameters"]:
+            continue  # the fingerprint check names the model mismatch
+        if entry["out"] and entry["out"][0] != d["parameters"][name]:
+            _fail(source, f"parameters[{name!r}]", f"says {d['parameters'][name]}, but its graph "
+                  f"node nodes[{node.name!r}].out[0] says {entry['out'][0]}; edit both alike "
+                  "(the node's placement is what runs) or plan again")
+    for n in jg.gm.graph.nodes:
+        entry = nodes.get(n.name)
+        if entry is None:
+            continue
+        val = n.meta.get("val")
+        outs = list(val) if isinstance(val, (tuple, list)) else [val]
+        if len(entry["out"]) > len(outs):
+            _fail(source, f"nodes[{n.name!r}].out", f"has {len(entry['out'])} placements for "
+                  f"{len(outs)} outputs")
+        problem = _rank_problems(f"nodes[{n.name!r}].out", entry["out"], outs)
+        if problem is None and "in" in entry:
+            flat = pytree.tree_leaves((n.args, n.kwargs))
+            ins = [a.meta.get("val") for a in flat if isinstance(a, fx.Node)
+                   and hasattr(a.meta.get("val"), "ndim")]
+            problem = _rank_problems(f"nodes[{n.name!r}].in", entry["in"], ins)
+        if problem:
+            _fail(source, "", problem)

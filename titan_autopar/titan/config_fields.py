@@ -1,0 +1,39 @@
+"""The fields this package adds to TorchTitan's JobConfig: `[parallelism] auto` and the
+`[auto_parallel]` section, with their defaults and meaning. Plain dataclasses, no side effects:
+`titan/job_config.py` merges them into TorchTitan's config, `titan/job_file.py` checks TOML
+values against them.
+
+(No `from __future__ import annotations` here: TorchTitan merges these dataclasses by their
+field types, which must be classes, not strings.)
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Parallelism:
+    auto: bool = False
+    """Plan this model's parallelism with titan_autopar instead of its hand-written recipe. The
+    degrees (dp_replicate, dp_shard, cp, tp, pp) still define the mesh; the planner decides
+    what each of its dims carries."""
+
+
+@dataclass
+class AutoParallel:
+    plan_file: str = ""
+    """Replay this saved plan instead of solving; a plan made for another model, batch or mesh
+    is refused with what differs. A relative path is under the job's dump folder."""
+    save_plan: str = ""
+    """Write the plan (JSON) here; a relative path is under the job's dump folder. A job that
+    restarts (e.g. to resume from a checkpoint) finds it there and replays it when it was made
+    for the same model, batch, mesh and settings, instead of solving again."""
+    hardware: str = "h100"
+    """Hardware preset whose costs the planner uses: h100, h200, a100 or b200."""
+    memory_budget_gib: float = 0.0
+    """Per-device memory budget for the plan; 0 means the preset's memory."""
+    solver: str = "cbc"
+    """cbc (default) or highs."""
+    time_limit_s: float = 0.0
+    """Wall-clock guard per integer program in seconds; 0 means the planner's default (600).
+    Programs stop by counted limits (gap, nodes), so plans do not depend on the machine's load;
+    the guard only stops a runaway program, and the plan then says "time_guard"."""
