@@ -11,6 +11,8 @@
 - The MoE debug models deepseek_v3, llama4 and qwen3 train under auto. (qwen3's 64 experts per
   layer, replicated as the planner prefers for an H100, take 5 GiB per rank, more than 4 CPU ranks
   on a 24 GiB machine hold: its config sets a memory budget, which makes the planner shard them.)
+- A rank killed mid-run: the same command resumes from the last checkpoint with the saved plan
+  (nothing solved again) and trains on with the uninterrupted run's losses.
 - Bad configs stop with an error that says what to change.
 """
 
@@ -18,7 +20,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -32,11 +37,31 @@ AUTO = "train_configs/llama3_debug_cpu_auto4.toml"
 LOSS_TOL = 2e-4
 
 
-def _run(config, nproc, *args, expect_ok=True, timeout=900):
-    run = launch(config, nproc, [str(a) for a in args], cwd=REPO, stream=False, timeout=timeout)
+def _run(config, nproc, *args, expect_ok=True, timeout=900, on_line=None):
+    run = launch(config, nproc, [str(a) for a in args], cwd=REPO, stream=False, timeout=timeout,
+                 on_line=on_line)
     if expect_ok:
         assert run.returncode == 0, run.stdout[-4000:]
     return run
+
+
+def rank_pids(torchrun_pid: int) -> dict[int, int]:
+    """rank -> pid of the worker processes a torchrun process started (Linux /proc)."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) != torchrun_pid:
+                continue
+            env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        rank = next((int(e[5:]) for e in env if e.startswith(b"RANK=")), None)
+        if rank is not None:
+            out[rank] = int(entry)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +100,38 @@ def test_auto_trains_like_the_fsdp_recipe(trained):
     assert tensorboard_scalars(root / "auto", "time_metrics/end_to_end(s)")  # measured, same run
     memory = tensorboard_scalars(root / "auto", MEMORY_TAG)
     assert list(memory.values()) == pytest.approx([plan["predicted"]["peak_memory_gib"]] * 2)
+
+
+def test_a_killed_rank_resumes_with_the_saved_plan(trained):
+    """Checkpoints every 5 steps; rank 2 is killed (SIGKILL) once step 7 has run, which ends
+    the job. The same command again resumes from the step-5 checkpoint with the plan the first
+    run saved (nothing is solved again) and trains steps 6..10 with the uninterrupted run's
+    losses."""
+    root, losses = trained
+    seed = root / "seed" / "checkpoint" / "step-0"
+    args = ["--job.dump_folder", root / "killed", "--checkpoint.enable",
+            "--checkpoint.initial_load_path", seed, "--training.steps", 10]
+    killed = []
+
+    def kill_rank_2(line, proc):
+        if not killed and re.search(r"\bstep:\s*7\s", line):
+            pid = rank_pids(proc.pid).get(2)
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+
+    first = _run(AUTO, 4, *args, expect_ok=False, on_line=kill_rank_2)
+    assert killed and first.returncode != 0, first.stdout[-3000:]
+    assert (root / "killed" / "checkpoint" / "step-5").is_dir()
+    assert "[titan_autopar] planning" in first.stdout
+    again = _run(AUTO, 4, *args)
+    assert "reusing the plan saved in" in again.stdout
+    assert "[titan_autopar] planning" not in again.stdout and "[solve]" not in again.stdout
+    resumed = parse_losses(again.stdout)
+    print("resumed after the kill:", resumed, "uninterrupted:", losses["auto"])
+    assert sorted(resumed) == [6, 7, 8, 9, 10], resumed
+    worst = max(abs(resumed[s] - losses["auto"][s]) for s in resumed)
+    assert worst <= LOSS_TOL, (resumed, losses["auto"])
 
 
 def test_checkpoints_cross_between_recipe_and_auto(trained):

@@ -42,6 +42,11 @@ class _Shown:
         self.parameters = self.data["parameters"]
 
 
+def _memory_order(m: dict) -> list[str]:
+    known = ("parameters", "gradients", "optimizer", "activations")
+    return [k for k in known if k in m] + sorted(k for k in m if k not in known)
+
+
 def _block_of(param: str, shared: dict[str, list[str]]) -> tuple[str, str]:
     """(block label, name inside the block) for a parameter name."""
     for cls, members in shared.items():
@@ -98,7 +103,7 @@ def explain(plan, max_collectives: int = 25) -> str:
     m = p["memory_gib"]
     out.append(
         f"Peak memory per rank {p['peak_memory_gib']:.2f} GiB of {d['memory_budget_gib']:.2f}: "
-        + ", ".join(f"{k} {v:.2f}" for k, v in m.items())
+        + ", ".join(f"{k} {m[k]:.2f}" for k in _memory_order(m))
     )
     for r, rp in d.get("recipes", {}).items():
         ratio = rp["step_time_s"] / p["step_time_s"] if p["step_time_s"] else float("nan")

@@ -123,7 +123,8 @@ class Plan:
         d = read_plan_file(path)
         check_plan_data(d, path)
         timings = d.pop("timings", {})
-        return cls(d, timings, str(path))
+        # keys in the order `save` writes them, so that a hand-ordered file reads as its re-save
+        return cls(json.loads(json.dumps(d, sort_keys=True)), timings, str(path))
 
     # -------------------------------------------------------------- accessors
     @property

@@ -169,7 +169,8 @@ def check_plan_data(d: dict, source) -> None:
         _fail(src, "", f"plan schema {v}, this version reads schema {SCHEMA_VERSION}: replan with "
               "`titan-autopar plan`")
     for key in ("fingerprint", "mesh", "hardware", "predicted", "recipes", "solver", "sizes",
-                "parameters", "nodes", "collectives", "memory_budget_gib"):
+                "parameters", "nodes", "collectives", "memory_budget_gib", "fallbacks",
+                "opaque_blocks"):
         if key not in d:
             _fail(src, key, "missing: the plan is incomplete; replan with `titan-autopar plan`")
 
@@ -238,9 +239,9 @@ def check_plan_data(d: dict, source) -> None:
             _fail(src, f"sizes.shared_blocks.{c}", "empty: a shared class has members")
         for i, m in enumerate(members):
             _str(src, f"sizes.shared_blocks.{c}[{i}]", m)
-    for k, n in _obj(src, "fallbacks", d.get("fallbacks", {})).items():
+    for k, n in _obj(src, "fallbacks", d["fallbacks"]).items():
         _int(src, f"fallbacks.{k}", n, low=1)
-    for i, b in enumerate(_list(src, "opaque_blocks", d.get("opaque_blocks", []))):
+    for i, b in enumerate(_list(src, "opaque_blocks", d["opaque_blocks"])):
         _str(src, f"opaque_blocks[{i}]", b)
     ac = d.get("activation_checkpointing", "none")
     if ac not in CHECKPOINTING:
@@ -305,14 +306,6 @@ def check_against_graph(d: dict, jg, source) -> None:
     from torch.utils import _pytree as pytree
 
     nodes = d["nodes"]
-    for name, node in jg.param_nodes.items():
-        entry = nodes.get(node.name)
-        if entry is None or name not in d["parameters"]:
-            continue  # the fingerprint check names the model mismatch
-        if entry["out"] and entry["out"][0] != d["parameters"][name]:
-            _fail(source, f"parameters[{name!r}]", f"says {d['parameters'][name]}, but its graph "
-                  f"node nodes[{node.name!r}].out[0] says {entry['out'][0]}; edit both alike "
-                  "(the node's placement is what runs) or plan again")
     for n in jg.gm.graph.nodes:
         entry = nodes.get(n.name)
         if entry is None:
@@ -330,3 +323,11 @@ def check_against_graph(d: dict, jg, source) -> None:
             problem = _rank_problems(f"nodes[{n.name!r}].in", entry["in"], ins)
         if problem:
             _fail(source, "", problem)
+    for name, node in jg.param_nodes.items():
+        entry = nodes.get(node.name)
+        if entry is None or name not in d["parameters"]:
+            continue  # the fingerprint check names the model mismatch
+        if entry["out"] and entry["out"][0] != d["parameters"][name]:
+            _fail(source, f"parameters[{name!r}]", f"says {d['parameters'][name]}, but its graph "
+                  f"node nodes[{node.name!r}].out[0] says {entry['out'][0]}; edit both alike "
+                  "(the node's placement is what runs) or plan again")

@@ -40,20 +40,21 @@ def torchrun_command(config: str | os.PathLike, nproc: int, extra_args=(),
 
 def launch(config: str | os.PathLike, nproc: int = 4, extra_args=(), env=None, *,
            cwd: str | os.PathLike | None = None, stream: bool = True,
-           timeout: float | None = None) -> subprocess.CompletedProcess:
+           timeout: float | None = None, on_line=None) -> subprocess.CompletedProcess:
     """Train with TorchTitan on `nproc` CPU ranks; returns the finished process, output in
     `.stdout` (stderr merged). `extra_args` are TorchTitan overrides ("--training.steps", "5");
     `env` adds to this process's environment. Past `timeout` seconds the whole run is stopped
-    and TimeoutError says so, with the last lines it printed."""
+    and TimeoutError says so, with the last lines it printed. `on_line(line, popen)` sees each
+    line as it is printed (a fault-injection test kills a rank from there)."""
     if not Path(cwd or ".", config).is_file():
         raise FileNotFoundError(f"no TorchTitan config at {config} (relative to {cwd or '.'})")
     with tempfile.TemporaryDirectory(prefix="titan_autopar_torchrun_") as log_dir:
         cmd = torchrun_command(config, nproc, extra_args, log_dir=log_dir)
         run_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-        return _run(cmd, cwd, run_env, stream, timeout)
+        return _run(cmd, cwd, run_env, stream, timeout, on_line)
 
 
-def _run(cmd, cwd, env, stream, timeout) -> subprocess.CompletedProcess:
+def _run(cmd, cwd, env, stream, timeout, on_line=None) -> subprocess.CompletedProcess:
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: list[str] = []
@@ -61,6 +62,8 @@ def _run(cmd, cwd, env, stream, timeout) -> subprocess.CompletedProcess:
     def read():
         for line in proc.stdout:
             lines.append(line)
+            if on_line is not None:
+                on_line(line, proc)
             if stream:
                 sys.stdout.write(line)
                 sys.stdout.flush()
