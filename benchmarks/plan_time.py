@@ -39,7 +39,7 @@ def run(case: str, solver: str) -> dict:
         "total_s": round(total, 2),
         "model_build_s": round(build, 2),
         "trace_s": round(t["trace"]["seconds"], 2),
-        "regions_s": round(t["regions"]["seconds"], 3),
+        "blocks_s": round(t["blocks"]["seconds"], 3),
         "enumerate_s": round(t["enumerate"]["seconds"], 2),
         "ilp_build_s": round(t["solve"]["build_seconds"], 2),
         "solver_s": round(t["solve"]["solver_seconds"], 2),

@@ -58,9 +58,26 @@ class Attention(nn.Module):
 
 
 def titan_model(name: str) -> nn.Module:
+    """TorchTitan's debug flavor of `name`. MoE experts use the fp32 for-loop path instead of
+    the grouped matmul, which computes in bf16 whatever the model's dtype: a data-parallel
+    gradient (partial sums over each rank's tokens) then differs from the single-device one by
+    bf16 rounding (~5e-3), which would hide what these tests check."""
+    import dataclasses
+
+    from torchtitan.protocols.train_spec import get_train_spec
+
     from titan_autopar.titan.models import build_model
 
-    return build_model(name, "debugmodel", SEQ)[0]
+    args = get_train_spec(name).model_args["debugmodel"]
+    moe = getattr(args, "moe_args", None)
+    if moe is None or not moe.use_grouped_mm:
+        return build_model(name, "debugmodel", SEQ)[0]
+    saved = args.moe_args
+    args.moe_args = dataclasses.replace(moe, use_grouped_mm=False)
+    try:
+        return build_model(name, "debugmodel", SEQ)[0]
+    finally:
+        args.moe_args = saved
 
 
 def inputs_of(name: str) -> tuple[torch.Tensor, ...]:

@@ -1,6 +1,6 @@
 """The public entry points: orchestration only.
 
-`plan_model` runs trace -> regions -> options -> prices -> integer programs -> Plan, logging each
+`plan_model` runs trace -> shared blocks -> options -> prices -> integer programs -> Plan, logging each
 phase's time and size. `apply_plan` turns a Plan into a running module (trace -> per-rank
 program -> forward/backward split -> DTensor parameters); `auto_parallelize` does both.
 """
@@ -19,12 +19,13 @@ from torch.distributed.tensor.placement_types import Placement
 from titan_autopar import checks
 from titan_autopar.apply.bucket import bucket_collectives
 from titan_autopar.apply.interpret import trace_local_joint
-from titan_autopar.apply.module import new_token, parallelize_module
+from titan_autopar.apply.module import parallelize_module
 from titan_autopar.apply.partition import split_joint
 from titan_autopar.cost.hardware import GiB, get_hardware
 from titan_autopar.cost.memory import Precision
 from titan_autopar.graph.recompute import check_mode
-from titan_autopar.graph.regions import find_regions
+from titan_autopar.graph.blocks import find_blocks
+from titan_autopar.graph.manual import resolve_all
 from titan_autopar.graph.trace import trace_joint
 from titan_autopar.plan import Plan, build_plan, fingerprint
 from titan_autopar.plan_check import check_against_graph
@@ -110,6 +111,7 @@ def plan_model(
         raise ValueError(f"unknown solver {solver!r}: use 'cbc' (default) or 'highs'")
     names, sizes = _mesh_info(mesh)
     check_dim_names(names)
+    manual = resolve_all(model, names, sizes)  # a declaration that cannot be used stops here
     sample_inputs = checks.tensor_inputs(sample_inputs)
     checks.token_inputs(model, sample_inputs)
     if input_placements is None:
@@ -126,25 +128,25 @@ def plan_model(
 
     t = time.perf_counter()
     try:
-        jg = trace_joint(model, sample_inputs, param_dtype)
+        jg = trace_joint(model, sample_inputs, param_dtype, manual)
     except Exception as e:  # the model's own code, run on the sample inputs
         raise checks.traced_model_error(e, sample_inputs) from e
     phases["trace"] = {"seconds": time.perf_counter() - t, "nodes": len(jg.gm.graph.nodes)}
     say(f"[trace] {phases['trace']['nodes']} nodes in {phases['trace']['seconds']:.2f}s")
 
     t = time.perf_counter()
-    regions = find_regions(jg)
-    phases["regions"] = {
+    blocks = find_blocks(jg)
+    phases["blocks"] = {
         "seconds": time.perf_counter() - t,
-        "classes": {c: len(m) for c, m in regions.classes.items() if len(m) > 1},
-        "representatives": len(set(regions.rep.values())),
+        "classes": {c: len(m) for c, m in blocks.classes.items() if len(m) > 1},
+        "representatives": len(set(blocks.rep.values())),
     }
-    say(f"[regions] {phases['regions']['representatives']} representative nodes; shared classes "
-        f"{phases['regions']['classes']}")
+    say(f"[blocks] {phases['blocks']['representatives']} representative nodes; shared classes "
+        f"{phases['blocks']['classes']}")
 
     t = time.perf_counter()
-    builder = OptionBuilder(mesh[names[0]])
-    pb = Problem(jg, regions, builder, sizes, hw, prec,
+    builder = OptionBuilder(mesh[names[0]], jg.manual_regions)
+    pb = Problem(jg, blocks, builder, sizes, hw, prec,
                  recompute=check_mode(activation_checkpointing))
     n_opts = sum(len(u.options) for u in pb.units)
     phases["enumerate"] = {"seconds": time.perf_counter() - t, "units": len(pb.units),
@@ -162,6 +164,7 @@ def plan_model(
     user_pins = _parameter_pins(parameter_placements, shapes, names, sizes)
     for n, pl in user_pins.items():
         pb.units[param_units[n]].pin = pl
+        checks.pin_against_declaration(n, pl, pb.units[param_units[n]].region_pin, names)
     for u, unit in enumerate(pb.units):
         for m in range(len(sizes)):
             if not pb.allowed(u, m):
@@ -220,7 +223,7 @@ def plan_model(
         pb, assign, price,
         fingerprint=fingerprint(model, sample_inputs, names, sizes, hw),
         mesh_names=names, hardware=hw, budget=budget, solver=solver, stats=stats,
-        recipes=priced, fallbacks=dict(builder.fallbacks), opaque=jg.opaque_blocks, start=start,
+        recipes=priced, fallbacks=dict(builder.fallbacks), start=start,
     )
     plan.data["activation_checkpointing"] = activation_checkpointing
     plan.data["param_dtype"] = str(param_dtype).removeprefix("torch.") if param_dtype else None
@@ -260,15 +263,16 @@ def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
     fp = fingerprint(model, inputs, names, sizes, get_hardware("h100"))
     fp["hardware"] = plan.data["fingerprint"].get("hardware")  # any hardware runs any plan
     plan.check(fp)
+    manual = resolve_all(model, names, sizes)
+    plan.check_regions(manual)
     timings = {}
     t = time.perf_counter()
     dtype = plan.data.get("param_dtype")
-    jg = trace_joint(model, inputs, getattr(torch, dtype) if dtype else None)
+    jg = trace_joint(model, inputs, getattr(torch, dtype) if dtype else None, manual)
     check_against_graph(plan.data, jg, plan.source)
     timings["trace_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    token = new_token()
-    local = trace_local_joint(jg, plan, mesh, token)
+    local = trace_local_joint(jg, plan, mesh)
     timings["program_s"] = time.perf_counter() - t
     t = time.perf_counter()
     split = split_joint(local.gm, len(jg.param_names) + len(jg.buffer_names),
@@ -280,7 +284,7 @@ def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
                                            dict(zip(phs, jg.param_names)), jg.param_names,
                                            [b.name for b in jg.blocks])
     timings["split_s"] = time.perf_counter() - t
-    model = parallelize_module(model, plan, mesh, jg, local, split, token)
+    model = parallelize_module(model, plan, mesh, jg, local, split)
     model.autopar.timings = timings
     say(f"[apply] program built in {sum(timings.values()):.2f}s "
         f"({', '.join(f'{k[:-2]} {v:.2f}s' for k, v in timings.items())})\n{model.autopar.summary()}")

@@ -114,3 +114,14 @@ def traced_model_error(e: BaseException, inputs) -> ValueError:
         f"the model's forward failed on the sample inputs [{shapes}]: {type(e).__name__}: {text}"
         f"{where}. Check the inputs' shapes and dtypes against what the model expects; if the "
         "model runs on one device with these inputs, report this with TITAN_AUTOPAR_TRACEBACK=1")
+
+
+def pin_against_declaration(name: str, pin, declared, dim_names) -> None:
+    """A parameter pin may not contradict a manual region's declaration for that parameter."""
+    if declared is None:
+        return
+    for n, want, have in zip(dim_names, declared, pin):
+        if want is not None and have is not None and want != have:
+            raise ValueError(f"parameter_placements[{name!r}] puts it {have} on {n}, but its "
+                             f"manual region declares {want} there: pin it {want} on {n}, or "
+                             "leave that dim out")

@@ -111,6 +111,12 @@ def cmd_plan(a) -> int:
     say = lambda s: print(f"[{time.perf_counter() - t0:6.1f}s] {s}", flush=True)  # noqa: E731
     say(f"building {a.model} {a.flavor} on the meta device")
     model, _ = build_model(a.model, a.flavor, a.seq_len)
+    if a.config:
+        from titan_autopar.titan.manual_marks import mark_job_regions
+
+        marked = mark_job_regions(model, job.expert_parallel, job.manual_modules, job.manual_style)
+        if marked:
+            say(f"manual regions: {', '.join(marked[:4])}{' ...' if len(marked) > 4 else ''}")
     mesh = fake_mesh(names, sizes)
     batch = global_batch(a.local_batch_size, names, sizes)
     tokens = torch.zeros(batch, a.seq_len, dtype=torch.long)

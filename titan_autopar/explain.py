@@ -56,19 +56,30 @@ def _block_of(param: str, shared: dict[str, list[str]]) -> tuple[str, str]:
     return "(not in a repeated block)", param
 
 
+def _declared(plan, name: str) -> list:
+    """A manual region's declaration for parameter `name` (None per dim it leaves open)."""
+    for q, reg in plan.data["manual_regions"].items():
+        if name.startswith(q + "."):
+            return reg["params"].get(name[len(q) + 1:]) or []
+    return []
+
+
 def param_role(plan, name: str) -> str:
     """Each mesh dim's role for a parameter, in words."""
     pls = plan.parameters[name]
+    declared = _declared(plan, name)
     gathered = {
         c["mesh_dim"]
         for c in plan.data["collectives"]
         if c["producer"] == name and c["collective"] == "all_gather"
     }
     roles = []
-    for dim, p in zip(plan.mesh_names, pls):
+    for i, (dim, p) in enumerate(zip(plan.mesh_names, pls)):
         if p == "R":
             continue
-        if dim in gathered:
+        if i < len(declared) and declared[i] is not None:
+            roles.append(f"{p} over {dim} as its manual region declares")
+        elif dim in gathered:
             roles.append(f"FSDP-sharded {p} over {dim}")
         elif p == "S(0)":
             roles.append(f"TP column over {dim}")
@@ -114,8 +125,13 @@ def explain(plan, max_collectives: int = 25) -> str:
     s = d["solver"]
     out.append(f"Solver {s['name']}: {s['status']} (gap {s['gap']:.4f}), {s['programs']} programs, "
                f"largest {s['max_variables']} variables / {s['max_constraints']} rows")
-    if d["opaque_blocks"]:
-        out.append(f"Opaque blocks planned data-parallel: {', '.join(d['opaque_blocks'])}")
+    if d["manual_regions"]:
+        by_style: dict[str, list[str]] = defaultdict(list)
+        for name, reg in d["manual_regions"].items():
+            by_style[reg["style"]].append(name)
+        for style, names_ in sorted(by_style.items()):
+            shown_names = ", ".join(names_[:4]) + (f" and {len(names_) - 4} more" if len(names_) > 4 else "")
+            out.append(f"Manual regions ({style}, run as their code is written): {shown_names}")
     if d["fallbacks"]:
         out.append("Ops with no sharding rule (replicated): "
                    + ", ".join(f"{k} x{v}" for k, v in d["fallbacks"].items()))

@@ -21,7 +21,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from titan_autopar.cost.comm import redistribute_steps
 from titan_autopar.cost.hardware import GiB, Hardware
 from titan_autopar.plan_check import SCHEMA_VERSION, PlanError, check_plan_data, read_plan_file
-from titan_autopar.solve.problem import itemsize, real_numel
+from titan_autopar.solve.problem import itemsize, local_numel, real_numel
 
 __all__ = ["Plan", "PlanError", "StalePlanError", "SCHEMA_VERSION", "build_plan", "fingerprint",
            "is_plan_file", "parse_placement", "placement_str"]
@@ -157,6 +157,26 @@ class Plan:
                 + ". Replan (titan-autopar plan, or drop plan_file) for the current model and mesh."
             )
 
+    def check_regions(self, manual: dict) -> None:
+        """Refuse a model whose manual regions (name -> `graph.manual.Resolved`) differ from
+        the ones this plan was made for, saying what differs."""
+        mine = self.data["manual_regions"]
+        now = {n: r.to_json() for n, r in manual.items()}
+        diffs = []
+        for n in sorted(set(mine) | set(now)):
+            if n not in now:
+                diffs.append(f"{n} is a manual region in the plan, not in the model")
+            elif n not in mine:
+                diffs.append(f"{n} is a manual region in the model ({now[n]['style']}), not in "
+                             "the plan")
+            elif mine[n] != now[n]:
+                diffs.append(f"{n} is declared {now[n]} in the model, {mine[n]} in the plan")
+        if diffs:
+            raise StalePlanError(
+                f"{self.source}: the model's manual regions differ from the plan's: "
+                + "; ".join(diffs[:5]) + ". Mark the same modules the same way in the model you "
+                "plan and the model you apply the plan to, or plan again.")
+
     # -------------------------------------------------------------- reading
     def explain(self) -> str:
         from titan_autopar.explain import explain
@@ -169,9 +189,39 @@ class Plan:
         return diff(self, other)
 
 
+def _region_collectives(pb, assign, names) -> list[dict]:
+    """The all-to-alls a manual region's own code issues (priced by `cost/regions.py`)."""
+    from titan_autopar.cost.regions import region_work
+    from titan_autopar.graph.manual_ops import BACKWARD
+
+    out = []
+    for u, unit in enumerate(pb.units):
+        if unit.region is None:
+            continue
+        work = region_work(pb.jg.manual_regions[unit.region])
+        seconds = pb.region_comm(u, assign[u])
+        if work.ep_dim is None or not seconds:
+            continue
+        calls = 4 if unit.node.target is BACKWARD else 2
+        r = pb.jg.manual_regions[unit.region]
+        k = len(r.outs) if unit.node.target is BACKWARD else 0
+        x = unit.ins[k]
+        opts = [unit.options[c] for c in assign[u]]
+        local = local_numel(x, tuple(o.ins[k] for o in opts), pb.sizes) or 0
+        tokens = local / x.shape[-1]
+        nbytes = work.a2a_elements_per_token * tokens * itemsize(x, pb.prec) * pb.sizes[work.ep_dim]
+        out.append({
+            "producer": unit.region, "consumer": unit.region, "block": unit.block,
+            "kind": "region", "collective": "all_to_all", "mesh_dim": names[work.ep_dim],
+            "bytes": int(nbytes), "count": unit.weight * calls,
+            "seconds_each": round(seconds / (unit.weight * calls), 9),
+            "from": [placement_str(p) for p in r.ins[0]], "to": [placement_str(p) for p in r.ins[0]]})
+    return out
+
+
 def build_plan(pb, assign, price, *, fingerprint, mesh_names, hardware, budget, solver, stats,
-               recipes, fallbacks, opaque, start) -> Plan:
-    jg, reg = pb.jg, pb.regions
+               recipes, fallbacks, start) -> Plan:
+    jg, reg = pb.jg, pb.blocks
     names = tuple(mesh_names)
 
     def pl(tup) -> list[str]:
@@ -216,6 +266,7 @@ def build_plan(pb, assign, price, *, fingerprint, mesh_names, hardware, budget, 
                 "from": pl(src),
                 "to": pl(dst),
             })
+    collectives += _region_collectives(pb, assign, names)
     collectives.sort(key=lambda c: (-c["bytes"] * c["count"], c["producer"], c["consumer"], c["collective"]))
 
     def price_dict(p) -> dict:
@@ -256,7 +307,7 @@ def build_plan(pb, assign, price, *, fingerprint, mesh_names, hardware, budget, 
             "shared_blocks": {c: m for c, m in reg.classes.items() if len(m) > 1},
         },
         "fallbacks": dict(sorted(fallbacks.items())),
-        "opaque_blocks": list(opaque),
+        "manual_regions": {n: r.to_json() for n, r in jg.manual_regions.items()},
         "parameters": params,
         "nodes": nodes,
         "collectives": collectives,

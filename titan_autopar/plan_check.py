@@ -18,10 +18,11 @@ import math
 import re
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: manual regions (`manual_regions` replaces `opaque_blocks`)
 MAX_PLAN_BYTES = 1 << 30
 _PLACEMENT = re.compile(r"^(R|P|S\((0|[1-9][0-9]{0,2})\))$")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
+REGION_STYLES = ("user", "data_parallel", "torchtitan_ep")
 CHECKPOINTING = ("none", "selective", "full")
 
 
@@ -170,7 +171,7 @@ def check_plan_data(d: dict, source) -> None:
               "`titan-autopar plan`")
     for key in ("fingerprint", "mesh", "hardware", "predicted", "recipes", "solver", "sizes",
                 "parameters", "nodes", "collectives", "memory_budget_gib", "fallbacks",
-                "opaque_blocks"):
+                "manual_regions"):
         if key not in d:
             _fail(src, key, "missing: the plan is incomplete; replan with `titan-autopar plan`")
 
@@ -241,8 +242,21 @@ def check_plan_data(d: dict, source) -> None:
             _str(src, f"sizes.shared_blocks.{c}[{i}]", m)
     for k, n in _obj(src, "fallbacks", d["fallbacks"]).items():
         _int(src, f"fallbacks.{k}", n, low=1)
-    for i, b in enumerate(_list(src, "opaque_blocks", d["opaque_blocks"])):
-        _str(src, f"opaque_blocks[{i}]", b)
+    for name, reg in _obj(src, "manual_regions", d["manual_regions"]).items():
+        w = f"manual_regions[{name!r}]"
+        _obj(src, w, reg)
+        if reg.get("style") not in REGION_STYLES:
+            _fail(src, f"{w}.style", f"found {_kind(reg.get('style'))}; expected one of "
+                  f"{', '.join(REGION_STYLES)}")
+        for k in ("in", "out"):
+            if not _list(src, f"{w}.{k}", reg.get(k)):
+                _fail(src, f"{w}.{k}", "empty: a region has at least one tensor in and out")
+            for i, pl in enumerate(reg[k]):
+                _placements(src, f"{w}.{k}[{i}]", pl, ndim)
+        for pname, pl in _obj(src, f"{w}.params", reg.get("params")).items():
+            _list(src, f"{w}.params[{pname!r}]", pl)
+            _placements(src, f"{w}.params[{pname!r}]", [p if p is not None else "R" for p in pl],
+                        ndim)
     ac = d.get("activation_checkpointing", "none")
     if ac not in CHECKPOINTING:
         _fail(src, "activation_checkpointing", f"found {_kind(ac)}; expected one of "

@@ -4,5 +4,5 @@
 program of local ops and functional collectives; `partition.py` splits that program into a
 forward and a backward graph; `module.py` puts DTensor parameters on the model and runs the two
 graphs under autograd; `init.py` makes the model's own weight initialisation give the same full
-parameters as on one device; `opaque_run.py` runs opaque (MoE) blocks eagerly inside the program.
+parameters as on one device; `regions_run.py` runs manual regions (MoE blocks) eagerly inside the program.
 """

@@ -4,7 +4,7 @@
 DTensors standing for every value. Before each op it redistributes each tensor input to the
 placement the plan chose for it; the op then runs through DTensor's own dispatch (which turns
 global shape arguments into local ones) or, for ops that only our rules cover (CPU flash
-attention, opaque blocks), directly on the local shards. make_fx records what actually runs on
+attention, manual regions), directly on the local shards. make_fx records what actually runs on
 this rank: local aten ops and functional collectives (`_c10d_functional.*`), nothing else. The
 recorded graph takes local shards of (parameters, buffers, inputs, tangent) and returns local
 shards of (output, *parameter gradients, *input gradients), each gradient in its parameter's (or
@@ -33,7 +33,9 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 from torch.utils import _pytree as pytree
 
-from titan_autopar.apply.opaque_run import OPAQUE_OPS, bind_name
+from titan_autopar.graph.manual_ops import FORWARD as REGION_FORWARD
+from titan_autopar.graph.manual_ops import OPS as REGION_OPS
+from titan_autopar.graph.manual_ops import flat_sizes
 from titan_autopar.graph.recompute import blocks_by_position
 from titan_autopar.graph.trace import JointGraph
 from titan_autopar.plan import Plan, StalePlanError, parse_placement
@@ -94,8 +96,8 @@ def _tag_since(last: fx.Node, block: str) -> None:
 
 
 class _Runner:
-    def __init__(self, jg: JointGraph, plan: Plan, mesh, token: str):
-        self.jg, self.mesh, self.token = jg, mesh, token
+    def __init__(self, jg: JointGraph, plan: Plan, mesh):
+        self.jg, self.mesh = jg, mesh
         self.nodes = plan.data["nodes"]
         self.local_rules = set(own_rules())
         self.mismatches: list[str] = []
@@ -103,6 +105,14 @@ class _Runner:
         self.replicate = (Replicate(),) * mesh.ndim
         self.block_of = {n: b for n, b in blocks_by_position(jg.gm, jg.blocks).items()
                          if n.op == "call_function"}
+        # each region's local output shapes, from its declared placements (worked out here:
+        # inside the recording, the mesh's coordinate arithmetic would be recorded too)
+        self.region_sizes = {}
+        for n in jg.gm.graph.nodes:
+            if n.op == "call_function" and n.target is REGION_FORWARD:
+                outs = [_pl(s) for s in self.nodes[n.name]["out"]]
+                self.region_sizes[n.name] = flat_sizes(
+                    [local_shape(v.shape, mesh, pl) for v, pl in zip(n.meta["val"], outs)])
         # the placeholder whose placement each gradient takes: its parameter's, or its input's
         first_input = len(jg.param_names) + len(jg.buffer_names)
         self.grad_slots = [*range(len(jg.param_names)),
@@ -163,7 +173,7 @@ class _Runner:
             else:
                 vals.append(a)
         outs = [_pl(s) if s and s[0] != "-" else None for s in entry["out"]]
-        if n.target in self.local_rules or n.target in OPAQUE_OPS:
+        if n.target in self.local_rules or n.target in REGION_OPS:
             return self.run_local(n, vals, spec, outs)
         args, kwargs = pytree.tree_unflatten(vals, spec)
         try:
@@ -182,10 +192,10 @@ class _Runner:
         self.local_ops.add(str(n.target))
         local = [v.to_local() if isinstance(v, DTensor) else v for v in vals]
         args, kwargs = pytree.tree_unflatten(local, spec)
-        if n.target in OPAQUE_OPS:
-            args = (*args[:-1], bind_name(self.token, args[-1]))
-        res = n.target(*args, **kwargs)
         metas = n.meta["val"]
+        if n.target is REGION_FORWARD:  # the local shards its declared placements imply
+            args = (*args[:3], *self.region_sizes[n.name])
+        res = n.target(*args, **kwargs)
 
         def wrap(r, meta, pl):
             if pl is None or not isinstance(r, torch.Tensor):
@@ -242,7 +252,7 @@ def _quiet_dtensor():
             lg.setLevel(lv)
 
 
-def trace_local_joint(jg: JointGraph, plan: Plan, mesh, token: str) -> LocalJoint:
+def trace_local_joint(jg: JointGraph, plan: Plan, mesh) -> LocalJoint:
     """Record this rank's program for `plan` (see the module docstring)."""
     placements = _placeholder_placements(jg, plan)
     metas = [n.meta["val"] for n in jg.gm.graph.nodes if n.op == "placeholder"]
@@ -250,7 +260,7 @@ def trace_local_joint(jg: JointGraph, plan: Plan, mesh, token: str) -> LocalJoin
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with fake:
         locals_ = [torch.empty(s, dtype=m.dtype) for s, m in zip(shapes, metas)]
-    runner = _Runner(jg, plan, mesh, token)
+    runner = _Runner(jg, plan, mesh)
     with _quiet_dtensor():
         gm = make_fx(lambda *xs: runner(placements, *xs), tracing_mode="fake",
                      _allow_non_fake_inputs=True)(*locals_)

@@ -19,7 +19,6 @@ the stage before).
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 
 import torch
@@ -27,15 +26,8 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
 from titan_autopar.apply.init import wrap_init_weights
 from titan_autopar.apply.interpret import LocalJoint, local_shape
-from titan_autopar.apply.opaque_run import register_blocks
+from titan_autopar.apply.regions_run import bind_runners, build_runners
 from titan_autopar.apply.partition import Split
-
-_tokens = itertools.count()
-
-
-def new_token() -> str:
-    return f"program{next(_tokens)}"
-
 
 class _Step(torch.autograd.Function):
     @staticmethod
@@ -58,7 +50,7 @@ class _Step(torch.autograd.Function):
 class ParallelProgram:
     """The per-rank forward, backward and inference graphs of one plan, and how to call them."""
 
-    def __init__(self, model, plan, mesh, jg, local: LocalJoint, split: Split, token: str):
+    def __init__(self, model, plan, mesh, jg, local: LocalJoint, split: Split):
         self.plan, self.mesh, self.local, self.split = plan, mesh, local, split
         self.param_names = list(jg.param_names)
         self.buffer_names = list(jg.buffer_names)
@@ -71,7 +63,9 @@ class ParallelProgram:
         self.input_placements = pl[self.n_params + self.n_buffers : -1]
         self.output_placement = pl[-1]
         self.input_shapes = local.local_shapes[self.n_params + self.n_buffers : -1]
-        self.runners = register_blocks(model, token)  # kept alive with the program
+        # manual regions run their own code in this program's graphs
+        self.runners = build_runners(model, jg.manual_regions, mesh)
+        bind_runners([split.forward, split.backward, split.inference], self.runners)
 
     # ------------------------------------------------------------------ running
     def _buffer_local(self, b: torch.Tensor, placements) -> torch.Tensor:
@@ -154,8 +148,8 @@ def tied_names(model: torch.nn.Module) -> dict[str, list[str]]:
     return {name: by_id[id(p)] for name, p in model.named_parameters()}
 
 
-def parallelize_module(model, plan, mesh, jg, local: LocalJoint, split: Split, token: str):
-    program = ParallelProgram(model, plan, mesh, jg, local, split, token)
+def parallelize_module(model, plan, mesh, jg, local: LocalJoint, split: Split):
+    program = ParallelProgram(model, plan, mesh, jg, local, split)
     aliases = tied_names(model)
     for name, placements in zip(program.param_names, program.param_placements):
         new = None

@@ -1,6 +1,7 @@
 """Roofline compute prices of graph nodes.
 
-Owns `node_flops` (matmuls, attention and opaque blocks; 0 for everything else) and
+Owns `node_flops` (matmuls and attention; 0 for everything else; manual regions are priced by
+`cost/regions.py`) and
 `compute_time`: the time one rank spends on a node whose work is split `split` ways
 (the product of the mesh dims on which the node's strategy is not all-Replicate), as the larger
 of its FLOPs at `compute_efficiency` of peak and its memory traffic at HBM bandwidth, plus a
@@ -9,7 +10,6 @@ launch floor. Views and other aliasing ops are free.
 
 from __future__ import annotations
 
-import math
 import operator
 
 import torch
@@ -62,11 +62,6 @@ def node_flops(node: fx.Node) -> float:
         b, h, s, d = q
         f = 4.0 * b * h * s * k[2] * d * mult
         return f / 2 if causal else f
-    if "opaque_forward" in name or "opaque_backward" in name:
-        x = _shape(a[1] if "backward" in name else a[0])
-        tokens = math.prod(x[:-1]) if x else 0
-        params = sum(math.prod(_shape(p)) for p in (a[2] if "backward" in name else a[1]))
-        return 2.0 * tokens * params * (2 if "backward" in name else 1)
     return 0.0
 
 

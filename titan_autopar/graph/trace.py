@@ -7,7 +7,7 @@ gradient enters the graph as a placeholder, the *tangent*). Floating-point input
 differentiated too (a pipeline stage after the first sends its input's gradient back to the stage
 before), integer inputs such as token ids are not. It also records, for every repeated
 block (a child of an `nn.ModuleList` / `nn.ModuleDict`), which node ranges belong to its forward
-and its backward, so that `graph/regions.py` can share one decision among identical blocks.
+and its backward, so that `graph/blocks.py` can share one decision among identical blocks.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
-from titan_autopar.graph.opaque import opaque_moe_blocks
+from titan_autopar.graph.manual_ops import regions_as_ops
 
 
 @dataclass
@@ -43,7 +43,7 @@ class JointGraph:
     buffer_names: list[str]
     num_inputs: int
     blocks: list[BlockTrace]
-    opaque_blocks: list[str]
+    manual_regions: dict  # qualified name -> graph.manual.Resolved
     output_shape: tuple[int, ...]
     seconds: float
     # filled from the graph
@@ -121,7 +121,7 @@ def _fake_like(fake_mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
 
 
 def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...],
-                param_dtype: torch.dtype | None = None) -> JointGraph:
+                param_dtype: torch.dtype | None = None, manual: dict | None = None) -> JointGraph:
     """Trace forward + backward of `model(*sample_inputs)` on fake tensors.
 
     The graph's placeholders are, in order: parameters, buffers, sample inputs, the tangent (the
@@ -132,6 +132,9 @@ def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...],
     `param_dtype` (mixed precision, e.g. bf16) computes with a cast of every floating-point
     parameter; the parameters and their gradients keep their own dtype (the cast's backward
     casts the gradient back), as with FSDP's `MixedPrecisionPolicy(param_dtype=...)`.
+
+    `manual` (qualified name -> `graph.manual.Resolved`) lists the manual regions: each is
+    traced as one `manual_forward` op and one `manual_backward` op (`graph/manual_ops.py`).
     """
     t0 = time.perf_counter()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -145,7 +148,8 @@ def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...],
         inputs[i].requires_grad_(True)
 
     blocks = [BlockTrace(n, _signature(m)) for n, m in _block_containers(model)]
-    with opaque_moe_blocks(model) as opaque_names:
+    manual = manual or {}
+    with regions_as_ops(model, manual):
         # forward once on fake tensors to learn the output's shape and dtype
         with fake_mode, torch.no_grad():
             out = torch.func.functional_call(model, {**_cast(params, param_dtype), **buffers},
@@ -178,7 +182,7 @@ def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...],
         buffer_names=list(buffers),
         num_inputs=len(inputs),
         blocks=blocks,
-        opaque_blocks=list(opaque_names),
+        manual_regions=dict(manual),
         output_shape=tuple(out.shape),
         seconds=time.perf_counter() - t0,
     )

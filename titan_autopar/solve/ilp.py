@@ -6,7 +6,8 @@ the other mesh dims stay as in the current assignment. Edges e = (p, i) -> (c, k
 feeds input k of c, weight w_e. For an option s, out_i(s) is its placement of output i on dim m
 and in_k(s) the placement it requires of input k. All prices are exact for the full N-D placement
 (the fixed dims plus the candidate on dim m), from `solve/problem.py`:
-  T_u(s)  compute time of u, already times w_u          (cost/compute.py)
+  T_u(s)  compute time of u, already times w_u          (cost/compute.py; a manual region's
+          op adds its own collectives, cost/regions.py, which hide no parameter communication)
   M_u(s)  memory bytes of u, already times w_u           (cost/memory.py)
   C_e(a,b) time to redistribute from out placement a to in placement b, times w_e (cost/comm.py)
 
@@ -139,16 +140,18 @@ def solve_dim(
         if xs[u] is not None:
             prob += pulp.lpSum(xs[u].values()) == 1
             n_cons += 1
-        comp = {}
-        mem = {}
+        comp, hides, mem = {}, {}, {}
         for s in opts:
-            c, mm = pb.unit_price(u, _with(assign[u], m, s))
+            choice = _with(assign[u], m, s)
+            c, mm = pb.unit_price(u, choice)
             comp[s] = c * ms
+            hides[s] = (c - pb.region_comm(u, choice)) * ms  # a region's own comm hides nothing
             mem[s] = sum(mm.values()) / GiB
         terms, k = _lin(xs, u, comp)
         objective += terms
         const += k
         g = pb.units[u].block
+        terms, k = _lin(xs, u, hides)
         group_compute.setdefault(g, []).extend(terms)
         group_compute_const[g] = group_compute_const.get(g, 0.0) + k
         terms, k = _lin(xs, u, mem)

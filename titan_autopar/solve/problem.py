@@ -1,6 +1,6 @@
 """The planning problem: decision units, their options, the edges between them, and exact prices.
 
-Owns `Problem`, built from the traced graph, its regions and the option lists. A *unit* is a
+Owns `Problem`, built from the traced graph, its shared blocks and the option lists. A *unit* is a
 representative node (one per class of identical nodes across repeated blocks); its `weight` is how
 many graph nodes it stands for. An *edge* is a (producer output -> consumer input) pair between
 units, with the number of graph edges it stands for. A full assignment gives each unit one option
@@ -29,8 +29,12 @@ from titan_autopar.cost.comm import Topology, redistribute_time
 from titan_autopar.cost.compute import VIEW_OPS, compute_time
 from titan_autopar.cost.hardware import Hardware
 from titan_autopar.cost.memory import Precision, backward_nodes, base_of, saved_activations
+from titan_autopar.cost.regions import region_seconds, region_work
 from titan_autopar.graph.recompute import blocks_by_position, recomputable
-from titan_autopar.graph.regions import Regions
+from titan_autopar.graph.blocks import Blocks
+from titan_autopar.graph.manual_ops import BACKWARD as REGION_BACKWARD
+from titan_autopar.graph.manual_ops import OPS as REGION_OPS
+from titan_autopar.graph.manual_ops import region_name
 from titan_autopar.graph.trace import JointGraph
 from titan_autopar.strategy.options import (
     Option,
@@ -53,9 +57,12 @@ class Unit:
     ins: list[torch.Tensor]
     block: str = ""
     saved: tuple[int, ...] = ()
-    pin: tuple[Placement, ...] | None = None  # required N-D placement of output 0
+    pin: tuple[Placement | None, ...] | None = None  # required placement of output 0, per dim
     param_name: str | None = None
     recomputed: bool = False  # activation checkpointing runs its forward again in backward
+    region: str | None = None  # the manual region this op stands for
+    dim_options: tuple[int, ...] | None = None  # a region op's one option per mesh dim
+    region_pin: tuple[Placement | None, ...] | None = None  # a region parameter's declaration
 
 
 @dataclass
@@ -115,14 +122,14 @@ class Problem:
     def __init__(
         self,
         jg: JointGraph,
-        regions: Regions,
+        blocks: Blocks,
         builder: OptionBuilder,
         mesh_shape: tuple[int, ...],
         hw: Hardware,
         prec: Precision,
         recompute: str = "none",
     ):
-        self.jg, self.regions, self.hw, self.prec = jg, regions, hw, prec
+        self.jg, self.blocks, self.hw, self.prec = jg, blocks, hw, prec
         self.sizes = tuple(mesh_shape)
         self.topo = Topology(self.sizes, hw)
         self.units: list[Unit] = []
@@ -130,12 +137,13 @@ class Problem:
         self.edges: list[Edge] = []
         self._unit_cache: dict[tuple, tuple[float, dict] | None] = {}
         self._edge_cache: dict[tuple, float] = {}
+        self._region_comm: dict[tuple, float] = {}
         self.recompute = recompute
         self._build(builder)
 
     # ------------------------------------------------------------------ building
     def _build(self, builder: OptionBuilder) -> None:
-        jg, reg = self.jg, self.regions
+        jg, reg = self.jg, self.blocks
         gm = jg.gm
         param_of = {n: name for name, n in jg.param_nodes.items()}
         inputs = set(jg.input_nodes)
@@ -170,7 +178,7 @@ class Problem:
             if n.op == "placeholder":
                 if n in param_of:
                     add(n, "param", builder.tensor_options(val, with_grad=True), [val], [val],
-                        param_name=param_of[n])
+                        param_name=param_of[n], region_pin=self._declared(param_of[n]))
                 elif n is jg.tangent_node:
                     add(n, "tangent", builder.tensor_options(val, with_grad=True), [val], [val])
                 elif n in inputs:  # a differentiated input takes its gradient in its placement
@@ -185,7 +193,8 @@ class Problem:
                     opts, _ = builder.options(n)
                     ins = [_v(p, i) for p, i in tensor_inputs(n)]
                     add(n, "op", opts, output_metas(n), ins, saved=tuple(sorted(saved.get(n, ()))),
-                        recomputed=n in again)
+                        recomputed=n in again, dim_options=builder.dim_options(n),
+                        region=region_name(n) if n.target in REGION_OPS else None)
 
         # param-side values: parameters and views of them; gradients and views feeding them
         param_derived: set[fx.Node] = set(param_of)
@@ -234,6 +243,14 @@ class Problem:
             self.in_edges[e.dst].append(ei)
             self.out_edges[e.src].append(ei)
 
+    def _declared(self, param: str) -> tuple | None:
+        """A manual region's declaration for one of its parameters (None where it leaves a dim
+        to the planner), or None for a parameter outside every region."""
+        for q, r in self.jg.manual_regions.items():
+            if param.startswith(q + "."):
+                return r.params.get(param[len(q) + 1:])
+        return None
+
     # ------------------------------------------------------------------ placements
     def placement(self, u: int, choice: tuple[int, ...], out: int = 0) -> tuple:
         opts = self.units[u].options
@@ -244,11 +261,18 @@ class Problem:
         return tuple(opts[c].ins[arg] for c in choice)
 
     def allowed(self, u: int, m: int) -> list[int]:
-        """Option indices unit `u` may take on mesh dim `m` (its pin, if pinned)."""
+        """Option indices unit `u` may take on mesh dim `m`: a region op's declared one; else the
+        placement a region declares for its parameter, or a pin, where there is one."""
         unit = self.units[u]
-        if unit.pin is None:
+        if unit.dim_options is not None:
+            return [unit.dim_options[m]]
+        want = None
+        if unit.region_pin is not None and unit.region_pin[m] is not None:
+            want = unit.region_pin[m]
+        elif unit.pin is not None:
+            want = unit.pin[m]
+        if want is None:
             return list(range(len(unit.options)))
-        want = unit.pin[m]
         return [s for s, o in enumerate(unit.options) if o.out[0] == want]
 
     # ------------------------------------------------------------------ prices
@@ -292,6 +316,14 @@ class Problem:
                 mem["optimizer"] = w * n * prec.optimizer
             elif unit.kind == "buffer":
                 mem["parameters"] = w * out_local[0] * unit.outs[0].element_size()
+            elif unit.kind == "op" and unit.region is not None:
+                compute, comm = self._region_seconds(unit, opts)
+                compute, self._region_comm[key] = w * (compute + comm), w * comm
+                if unit.recomputed:
+                    compute *= 2
+                    self._region_comm[key] *= 2
+                for j in unit.saved:
+                    mem["activations"] += w * out_local[j] * itemsize(unit.outs[j], prec)
             elif unit.kind == "op":
                 split = 1
                 for o, k in zip(opts, sizes):
@@ -305,6 +337,23 @@ class Problem:
             res = (compute, mem)
         self._unit_cache[key] = res
         return res
+
+    def _region_seconds(self, unit: Unit, opts) -> tuple[float, float]:
+        """(compute, own collectives) seconds of one call of a region's op on one rank."""
+        r = self.jg.manual_regions[unit.region]
+        backward = unit.node.target is REGION_BACKWARD
+        k = len(r.outs) if backward else 0  # the region's first input among the op's inputs
+        x = unit.ins[k]
+        n = local_numel(x, tuple(o.ins[k] for o in opts), self.sizes) or 0
+        tokens = n / (x.shape[-1] * (2 if x.dtype.is_complex else 1)) if x.ndim else n
+        return region_seconds(region_work(r), backward, tokens, self.hw, self.topo,
+                              itemsize(x, self.prec))
+
+    def region_comm(self, u: int, choice: tuple[int, ...]) -> float:
+        """Seconds of a region op's own collectives under `choice` (in `unit_price`'s time)."""
+        if self.unit_price(u, choice) is None:
+            return 0.0
+        return self._region_comm.get((u, choice), 0.0)
 
     def edge_price(self, ei: int, src: tuple, dst: tuple) -> float:
         key = (ei, src, dst)
@@ -329,9 +378,12 @@ class Problem:
             up = self.unit_price(u, choice)
             if up is None:
                 raise ValueError(f"assignment splits {self.units[u].node.name} unevenly")
-            price.compute += up[0]
+            own = self.region_comm(u, choice)  # a region's own collectives: exposed
+            price.compute += up[0] - own
+            price.comm += own
+            price.comm_total += own
             g = self.units[u].block
-            group_compute[g] = group_compute.get(g, 0.0) + up[0]
+            group_compute[g] = group_compute.get(g, 0.0) + up[0] - own
             for k, v in up[1].items():
                 price.memory[k] += v
         for ei, e in enumerate(self.edges):

@@ -19,6 +19,7 @@ REPLICATE_DP = {"dp_replicate", "ddp", "replicate"}
 SHARD_DP = {"dp_shard", "dp", "fsdp", "dp_shard_cp", "dp_cp", "data"}
 CONTEXT = {"cp", "context"}
 TENSOR = {"tp", "tensor", "model"}
+EXPERT = {"ep"}  # carved out of the data-parallel ranks (TorchTitan's dp2ep): tokens split on it
 
 # TorchTitan's TP plans: column-parallel (weight rows split) and row-parallel (columns split)
 COLUMN = ("wq", "wk", "wv", "wq_b", "wkv_b", "w1", "w3", "output")
@@ -26,7 +27,9 @@ ROW = ("wo", "w2")
 VOCAB_ROW = ("tok_embeddings",)
 
 RECIPES = ("fsdp", "fsdp_tp")
-KNOWN_DIMS = REPLICATE_DP | SHARD_DP | CONTEXT | TENSOR
+KNOWN_DIMS = REPLICATE_DP | SHARD_DP | CONTEXT | TENSOR | EXPERT
+DATA = REPLICATE_DP | SHARD_DP | EXPERT  # dims the batch is split over
+EXPERT_WEIGHTS = ("experts.w1", "experts.w2", "experts.w3")
 
 
 def check_dim_names(names) -> None:
@@ -43,15 +46,17 @@ def check_dim_names(names) -> None:
             raise ValueError(
                 f"unknown mesh dim name {n!r}: the planner knows dp_replicate (and ddp, "
                 f"replicate), dp_shard (and {', '.join(sorted(SHARD_DP - {'dp_shard'}))}), "
-                f"cp (and context) and tp (and tensor, model); name each dim by what it is "
-                "for (e.g. --mesh dp_shard=8,tp=8)")
+                f"cp (and context), tp (and tensor, model) and ep (expert parallel, out of the "
+                "data-parallel ranks); name each dim by what it is for (e.g. --mesh "
+                "dp_shard=8,tp=8)")
 
 
 def default_input_placements(dim_names: tuple[str, ...], x: torch.Tensor) -> tuple[Placement, ...]:
-    """Global batch split over the data-parallel dims, sequence over cp, replicated elsewhere."""
+    """Global batch split over the data-parallel dims (ep among them), sequence over cp,
+    replicated elsewhere."""
     out: list[Placement] = []
     for n in dim_names:
-        if (n in REPLICATE_DP or n in SHARD_DP) and x.ndim >= 1:
+        if n in DATA and x.ndim >= 1:
             out.append(Shard(0))
         elif n in CONTEXT and x.ndim >= 2:
             out.append(Shard(1))
@@ -72,29 +77,38 @@ def _tp_placement(name: str, shape: tuple[int, ...]) -> Placement:
     return Replicate()
 
 
+def _is_expert_weight(name: str, shape) -> bool:
+    return len(shape) == 3 and name.endswith(EXPERT_WEIGHTS)
+
+
 def recipe_placements(
     recipe: str, params: dict[str, tuple[int, ...]], dim_names: tuple[str, ...], sizes: tuple[int, ...]
 ) -> dict[str, tuple[Placement, ...]]:
-    """Parameter placements of an expert recipe on this mesh ("fsdp" or "fsdp_tp")."""
+    """Parameter placements of an expert recipe on this mesh ("fsdp" or "fsdp_tp"). With an ep
+    dim, as TorchTitan's FSDP + EP: routed expert weights Shard(0) on ep (each rank its own
+    experts) and FSDP over the other data-parallel ranks, on dim 0 while the experts divide,
+    else dim 1; every other parameter FSDP over all data-parallel ranks, ep's included."""
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}: use one of {', '.join(RECIPES)}")
     out = {}
+    order = sorted(range(len(dim_names)), key=lambda m: dim_names[m] not in EXPERT)  # ep first
     for name, shape in params.items():
-        pl: list[Placement] = []
+        pl: list[Placement] = [Replicate()] * len(dim_names)
         split = [1] * len(shape)
-        for n, k in zip(dim_names, sizes):
+        expert = _is_expert_weight(name, shape)
+        for m in order:
+            n, k = dim_names[m], sizes[m]
             if n in TENSOR and recipe == "fsdp_tp":
                 p = _tp_placement(name, shape)
-            elif n in SHARD_DP or n in CONTEXT or (n in TENSOR and recipe == "fsdp"):
+            elif n in EXPERT or n in SHARD_DP or n in CONTEXT or (n in TENSOR and recipe == "fsdp"):
                 p = Shard(0) if shape else Replicate()
             else:
                 p = Replicate()
+            if isinstance(p, Shard) and shape[p.dim] % (split[p.dim] * k):
+                p = Shard(1) if expert and n not in EXPERT and shape[1] % (split[1] * k) == 0 \
+                    else Replicate()
             if isinstance(p, Shard):
-                d = p.dim
-                if shape[d] % (split[d] * k):
-                    p = Replicate()
-                else:
-                    split[d] *= k
-            pl.append(p)
+                split[p.dim] *= k
+            pl[m] = p
         out[name] = tuple(pl)
     return out

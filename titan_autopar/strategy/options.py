@@ -22,6 +22,9 @@ from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy
 from torch.distributed.tensor.placement_types import Placement
 from torch.utils import _pytree as pytree
 
+from titan_autopar.graph.manual_ops import OPS as REGION_OPS
+from titan_autopar.graph.manual_ops import region_name
+from titan_autopar.strategy.manual import region_options
 from titan_autopar.strategy.rules import own_rules
 
 R = Replicate()
@@ -88,8 +91,9 @@ def _useful(p, t: torch.Tensor | None) -> bool:
 class OptionBuilder:
     """Lists each node's single-dim strategies; caches by op and shapes for its own lifetime."""
 
-    def __init__(self, probe_mesh: DeviceMesh):
+    def __init__(self, probe_mesh: DeviceMesh, manual: dict | None = None):
         self.probe_mesh = probe_mesh
+        self.manual = manual or {}  # region name -> graph.manual.Resolved
         self.prop = DTensor._op_dispatcher.sharding_propagator
         self.rules = own_rules()
         self.cache: dict[tuple, tuple[list[Option], bool]] = {}
@@ -104,8 +108,17 @@ class OptionBuilder:
         return [Option((p,), (p,) if with_grad else ()) for p in ps]
 
     # ---------------------------------------------------------------- ops
+    def dim_options(self, node: fx.Node) -> tuple[int, ...] | None:
+        """For a manual region's op, the option each mesh dim must take; None for other ops."""
+        if node.target not in REGION_OPS:
+            return None
+        return region_options(node, self.manual[region_name(node)])[1]
+
     def options(self, node: fx.Node) -> tuple[list[Option], bool]:
         """(options, fell_back) for a call_function node."""
+        if node.target in REGION_OPS:
+            pairs = region_options(node, self.manual[region_name(node)])[0]
+            return [Option(out, ins) for out, ins in pairs], False
         ins = tensor_inputs(node)
         in_vals = [_val(p, i) for p, i in ins]
         outs = output_metas(node)

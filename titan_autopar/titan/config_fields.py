@@ -7,7 +7,7 @@ values against them.
 field types, which must be classes, not strings.)
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -37,3 +37,12 @@ class AutoParallel:
     """Wall-clock guard per integer program in seconds; 0 means the planner's default (600).
     Programs stop by counted limits (gap, nodes), so plans do not depend on the machine's load;
     the guard only stops a runaway program, and the plan then says "time_guard"."""
+    manual_modules: list[str] = field(default_factory=list)
+    """Modules to run as manual regions, by qualified-name pattern (fnmatch: "layers.*.moe"):
+    the planner plans around them and they run their own code. Empty: with
+    expert_parallel_degree > 1 every MoE block, else none (a MoE block is then planned
+    data-parallel). A pattern that matches nothing stops the job."""
+    manual_style: str = "torchtitan_ep"
+    """How the `manual_modules` run: "torchtitan_ep" (TorchTitan's ExpertParallel: experts split
+    over the ep dim, tokens exchanged by all-to-all) or "data_parallel" (the block on each rank's
+    own tokens, its parameters gathered)."""

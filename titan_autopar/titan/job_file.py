@@ -3,7 +3,8 @@
 `planning_job(path)` reads a TOML config (the `[model]`, `[training]`, `[parallelism]` and
 `[auto_parallel]` sections) and returns what `titan-autopar plan --config` needs to plan that
 job on a simulated cluster: model and flavor, sequence length, local batch, the mesh (the same
-dims `auto = true` builds at run time: dp_replicate, dp_shard, tp, degree-1 dims left out) and
+dims `auto = true` builds at run time: dp_replicate, dp_shard, ep, tp, degree-1 dims left out), the
+manual regions (`manual_modules`, or with ep > 1 every MoE block) and
 the hardware preset, memory budget, activation checkpointing mode and mixed precision (TorchTitan's
 defaults where a section leaves them out: selective checkpointing, bf16 compute). A config the planner cannot take says what to change.
 """
@@ -29,12 +30,24 @@ class PlanningJob:
     world_size: int
     activation_checkpointing: str
     param_dtype: str | None  # mixed precision compute dtype, None for the parameters' own
+    expert_parallel: int = 1
+    manual_modules: tuple[str, ...] = ()
+    manual_style: str = "torchtitan_ep"
 
 
-def planner_mesh(dp_replicate: int, dp_shard: int, tp: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """The planner's mesh dims for these degrees, outermost first, degree-1 dims left out."""
-    dims = [(n, s) for n, s in (("dp_replicate", dp_replicate), ("dp_shard", dp_shard),
-                                ("tp", tp)) if s > 1] or [("dp_shard", 1)]
+def planner_mesh(dp_replicate: int, dp_shard: int, tp: int,
+                 ep: int = 1) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The planner's mesh dims for these degrees, outermost first, degree-1 dims left out. The
+    ep ranks are carved out of the data-parallel shard ranks, innermost, as TorchTitan's dp2ep
+    does: (dp_replicate, dp_shard / ep, ep, tp)."""
+    if ep > 1 and dp_shard % ep:
+        raise ConfigError(
+            f"expert_parallel_degree = {ep} must divide data_parallel_shard_degree = {dp_shard} "
+            "under auto (the ep ranks are carved out of the data-parallel ranks; taking them from "
+            "tensor-parallel ranks is not planned yet): choose an ep degree that divides "
+            f"{dp_shard}")
+    dims = [(n, s) for n, s in (("dp_replicate", dp_replicate), ("dp_shard", dp_shard // ep),
+                                ("ep", ep), ("tp", tp)) if s > 1] or [("dp_shard", 1)]
     names, sizes = zip(*dims)
     return tuple(names), tuple(sizes)
 
@@ -69,7 +82,7 @@ def planning_job(path: str | Path) -> PlanningJob:
     par, ap = sections["parallelism"], sections["auto_parallel"]
     deg = {k: int(par.get(f"{k}_degree", 1)) for k in (
         "data_parallel_replicate", "data_parallel_shard", "tensor_parallel", "pipeline_parallel",
-        "context_parallel")}
+        "context_parallel", "expert_parallel")}
     for key in ("seq_len", "local_batch_size"):
         if key in training and training[key] < 1:
             raise ConfigError(f"{path}: [training] {key} = {training[key]}: it must be at least 1")
@@ -83,7 +96,7 @@ def planning_job(path: str | Path) -> PlanningJob:
                              "model on one mesh; pipeline stages are planned when the job runs, "
                              "and cp is not planned under auto. Set it to 1 to plan ahead.")
     names, sizes = planner_mesh(deg["data_parallel_replicate"], deg["data_parallel_shard"],
-                                deg["tensor_parallel"])
+                                deg["tensor_parallel"], deg["expert_parallel"])
     world = 1
     for s in sizes:
         world *= s
@@ -96,4 +109,7 @@ def planning_job(path: str | Path) -> PlanningJob:
         hardware=ap.get("hardware", "h100"), memory_budget_gib=budget, world_size=world,
         activation_checkpointing=sections["activation_checkpoint"].get("mode", "selective"),
         param_dtype=(None if training.get("mixed_precision_param", "bfloat16") == "float32"
-                     else training.get("mixed_precision_param", "bfloat16")))
+                     else training.get("mixed_precision_param", "bfloat16")),
+        expert_parallel=deg["expert_parallel"],
+        manual_modules=tuple(ap.get("manual_modules", ())),
+        manual_style=ap.get("manual_style", "torchtitan_ep"))

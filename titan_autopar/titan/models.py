@@ -12,7 +12,7 @@ import copy
 
 import torch
 
-from titan_autopar.solve.recipes import REPLICATE_DP, SHARD_DP
+from titan_autopar.solve.recipes import DATA
 
 
 def build_model(name: str, flavor: str, seq_len: int) -> tuple[torch.nn.Module, object]:
@@ -44,6 +44,6 @@ def build_model(name: str, flavor: str, seq_len: int) -> tuple[torch.nn.Module, 
 def global_batch(local_batch: int, dim_names, sizes) -> int:
     dp = 1
     for n, s in zip(dim_names, sizes):
-        if n in REPLICATE_DP or n in SHARD_DP:
+        if n in DATA:
             dp *= s
     return local_batch * dp

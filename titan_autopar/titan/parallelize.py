@@ -5,8 +5,9 @@ qwen3 under their own names (TorchTitan consults registered specs first) with on
 parallelize function. With `auto = false` it calls the model's hand-written recipe, untouched.
 With `auto = true`, `plan_and_apply`:
 
-1. builds the mesh from the config's degrees (dp_replicate, dp_shard, tp; dims of degree 1 are
-   left out),
+1. builds the mesh from the config's degrees (dp_replicate, dp_shard, ep carved out of dp_shard,
+   tp; dims of degree 1 are left out) and marks the manual regions (`titan/manual_marks.py`:
+   with expert_parallel_degree > 1, every MoE block runs TorchTitan's own ExpertParallel),
 2. plans the model for TorchTitan's global batch (local batch x data-parallel degrees, the
    configured sequence length) with the batch split over the data-parallel dims on the way in
    and on the way out (the logits meet each rank's own labels) -- the mesh's first rank solves
@@ -35,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from titan_autopar.titan.job_file import planner_mesh
+from titan_autopar.titan.manual_marks import mark_job_regions
 
 MODELS = ("llama3", "llama4", "deepseek_v3", "qwen3")
 _MARK = "_titan_autopar_auto"
@@ -97,7 +99,7 @@ def mesh_dims(parallel_dims) -> tuple[tuple[str, ...], tuple[int, ...]]:
             f"context_parallel_degree = {pd.cp} with auto = true: the planner has no ring "
             "attention yet, so cp cannot be planned. Set context_parallel_degree = 1 (and give "
             "the ranks to data_parallel_shard_degree), or use auto = false for TorchTitan's CP.")
-    return planner_mesh(pd.dp_replicate, pd.dp_shard, pd.tp)
+    return planner_mesh(pd.dp_replicate, pd.dp_shard, pd.tp, pd.ep)
 
 
 _MESHES: dict[tuple, object] = {}
@@ -308,9 +310,12 @@ def plan_and_apply(model, parallel_dims, job_config):
     log = _log()
     get_hardware(job_config.auto_parallel.hardware)  # an unknown preset fails here, clearly
     names, sizes = mesh_dims(parallel_dims)
-    if parallel_dims.ep > 1:
-        log.info(f"[titan_autopar] expert_parallel_degree = {parallel_dims.ep} is not planned yet: "
-                 "MoE experts run data-parallel under auto")
+    ap = job_config.auto_parallel
+    marked = mark_job_regions(model, parallel_dims.ep, ap.manual_modules, ap.manual_style)
+    if marked:
+        style = ap.manual_style if ap.manual_modules else "torchtitan_ep"
+        more = " ..." if len(marked) > 4 else ""
+        log.info(f"[titan_autopar] manual regions ({style}): {', '.join(marked[:4])}{more}")
     mesh = _mesh(parallel_dims, names, sizes)
     tag = stage_tag(parallel_dims, job_config)
     inputs = stage_inputs(model, parallel_dims, job_config)

@@ -1,8 +1,8 @@
 """Identical repeated blocks, found so that one block's decisions serve them all.
 
-Owns `find_regions`: blocks (children of a ModuleList/ModuleDict) whose parameter signature and
-whose traced forward and backward node sequences (op and output shape, in order) are equal form
-one *class*. Every node of such a block maps to the node at the same position in the class's
+Owns `find_blocks`: blocks (children of a ModuleList/ModuleDict) whose parameter signature and
+whose traced forward and backward node sequences (op and output shape, in order; a manual
+region's declaration too) are equal form one *class*. Every node of such a block maps to the node at the same position in the class's
 first block (its *representative*), and every parameter maps to the representative block's
 parameter of the same relative name. The integer program then has one variable set per
 representative, and its costs are counted once per member.
@@ -10,17 +10,19 @@ representative, and its costs are counted once per member.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
 
+from titan_autopar.graph.manual_ops import OPS, region_name
 from titan_autopar.graph.trace import BlockTrace, JointGraph
 
 
 @dataclass
-class Regions:
+class Blocks:
     rep: dict[fx.Node, fx.Node]  # every node -> its representative (itself if unshared)
     count: dict[fx.Node, int]  # representative -> how many nodes it stands for
     block_of: dict[fx.Node, str]  # representative node -> block class name ("" outside blocks)
@@ -28,15 +30,17 @@ class Regions:
     param_rep: dict[str, str]  # parameter name -> representative parameter name
 
 
-def _node_key(n: fx.Node) -> tuple:
+def _node_key(n: fx.Node, manual: dict) -> tuple:
     val = n.meta.get("val")
     shape = tuple(val.shape) if isinstance(val, torch.Tensor) else None
+    if n.op == "call_function" and n.target in OPS:  # a region's declaration is part of it
+        return (str(n.target), shape, json.dumps(manual[region_name(n)].to_json(), sort_keys=True))
     return (str(n.target), shape)
 
 
-def find_regions(jg: JointGraph) -> Regions:
+def find_blocks(jg: JointGraph) -> Blocks:
     nodes = list(jg.gm.graph.nodes)
-    keys = [_node_key(n) for n in nodes]
+    keys = [_node_key(n, jg.manual_regions) for n in nodes]
 
     def seq(span: tuple[int, int]) -> list[tuple]:
         return keys[span[0] : span[1]]
@@ -90,7 +94,7 @@ def find_regions(jg: JointGraph) -> Regions:
     count: dict[fx.Node, int] = defaultdict(int)
     for n in nodes:
         count[rep[n]] += 1
-    return Regions(
+    return Blocks(
         rep=rep,
         count=dict(count),
         block_of=block_of,
