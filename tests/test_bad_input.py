@@ -187,8 +187,8 @@ def test_explain_of_a_folder_and_a_missing_file(tmp_path, capsys):
     (lambda d: d.pop("mesh"), "mesh: missing"),
     (lambda d: d.pop("fingerprint"), "fingerprint: missing"),
     (lambda d: d.update(schema_version="1"),
-     "schema_version: expected the whole number 1, found the string '1'"),
-    (lambda d: d.update(schema_version=7), "plan schema 7, this version reads schema 1"),
+     "schema_version: expected the whole number 2, found the string '1'"),
+    (lambda d: d.update(schema_version=7), "plan schema 7, this version reads schema 2"),
     (lambda d: d["predicted"].update(step_time_s="fast"), "predicted.step_time_s: expected a number"),
     (lambda d: d["parameters"].update({"output.weight": ["X", "R"]}),
      "parameters['output.weight'][0]: unknown placement 'X'"),
@@ -345,7 +345,7 @@ def test_a_full_disk_while_saving_keeps_the_old_plan(plan_file, tmp_path):
     target = tmp_path / "plan.json"
     target.write_bytes(plan_file.read_bytes())
     bigger = json.loads(plan_file.read_text())
-    bigger["opaque_blocks"] = ["x" * 1000] * 100  # longer than the file now there
+    bigger["fallbacks"] = {"x" * 1000 + str(i): 1 for i in range(100)}  # longer than the file
     src = tmp_path / "bigger.json"
     src.write_text(json.dumps(bigger))
     code = ("from titan_autopar import Plan; import sys\n"

@@ -39,13 +39,14 @@ def test_every_model_plans_within_pins_and_beats_the_recipes(model_name, mesh_ke
     # the auto plan is never slower than a priced expert recipe
     for r, price in plan.data["recipes"].items():
         assert plan.predicted["step_time_s"] <= price["step_time_s"] * (1 + 1e-9), r
-    # MoE blocks (data-dependent routing) are planned as opaque data-parallel nodes
+    # MoE blocks (data-dependent routing) are manual regions, planned data-parallel
     moe = [n for n, m in model.named_modules() if type(m).__name__ == "MoE"]
-    assert plan.data["opaque_blocks"] == moe
+    assert sorted(plan.data["manual_regions"]) == sorted(moe)
+    assert all(r["style"] == "data_parallel" for r in plan.data["manual_regions"].values())
     if moe:
-        fwd = [e for e in nodes.values() if e["op"] == "titan_autopar.opaque_forward.default"]
+        fwd = [e for e in nodes.values() if e["op"] == "titan_autopar.manual_forward.default"]
         assert len(fwd) == len(moe)
-        for e in fwd:
-            assert all(p in ("R", "S(0)") for p in e["out"][0])
+        for e in fwd:  # each rank's tokens: split or whole, per dim
+            assert all(p in ("R", "S(0)") for p in e["out"][0]) and e["out"][0] == e["in"][0]
     # nothing fell back silently: a fallback is listed with its count
     assert all(isinstance(v, int) and v > 0 for v in plan.data["fallbacks"].values())

@@ -201,7 +201,7 @@ def test_moe_models_train_under_auto(model, tmp_path):
     assert sorted(losses) == [1, 2, 3] and all(math.isfinite(v) for v in losses.values())
     assert losses[3] < losses[1]
     plan = json.loads((tmp_path / "plan.json").read_text())
-    assert plan["opaque_blocks"], "MoE blocks should be planned as opaque data-parallel blocks"
+    assert plan["manual_regions"], "MoE blocks should be planned as manual regions"
 
 
 @pytest.mark.parametrize("args, says", [

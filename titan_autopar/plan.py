@@ -215,7 +215,8 @@ def _region_collectives(pb, assign, names) -> list[dict]:
             "kind": "region", "collective": "all_to_all", "mesh_dim": names[work.ep_dim],
             "bytes": int(nbytes), "count": unit.weight * calls,
             "seconds_each": round(seconds / (unit.weight * calls), 9),
-            "from": [placement_str(p) for p in r.ins[0]], "to": [placement_str(p) for p in r.ins[0]]})
+            "from": [placement_str(o.ins[k]) for o in opts],
+            "to": [placement_str(o.ins[k]) for o in opts]})
     return out
 
 

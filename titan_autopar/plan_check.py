@@ -252,7 +252,9 @@ def check_plan_data(d: dict, source) -> None:
             if not _list(src, f"{w}.{k}", reg.get(k)):
                 _fail(src, f"{w}.{k}", "empty: a region has at least one tensor in and out")
             for i, pl in enumerate(reg[k]):
-                _placements(src, f"{w}.{k}[{i}]", pl, ndim)
+                _list(src, f"{w}.{k}[{i}]", pl)
+                _placements(src, f"{w}.{k}[{i}]", [p if p is not None else "R" for p in pl],
+                            ndim)
         for pname, pl in _obj(src, f"{w}.params", reg.get("params")).items():
             _list(src, f"{w}.params[{pname!r}]", pl)
             _placements(src, f"{w}.params[{pname!r}]", [p if p is not None else "R" for p in pl],

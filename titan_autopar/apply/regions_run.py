@@ -68,8 +68,8 @@ class RegionRunner:
 
     @staticmethod
     def _pl(t) -> str:
-        return "(" + ", ".join(type(p).__name__ + (f"({p.dim})" if isinstance(p, Shard) else "()")
-                               for p in t) + ")"
+        return "(" + ", ".join("planner's choice" if p is None else type(p).__name__ +
+                               (f"({p.dim})" if isinstance(p, Shard) else "()") for p in t) + ")"
 
     def forward(self, inputs, params, out_sizes, out_ranks) -> list[torch.Tensor]:
         with torch.no_grad():

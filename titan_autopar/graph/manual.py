@@ -15,10 +15,11 @@ input at the same position (the first input where there are fewer inputs).
 
 Built-in styles, for TorchTitan's MoE blocks (`MoE` modules: router, shared experts, routed
 experts; the router sorts each rank's own tokens, so the block runs as a whole):
-- "data_parallel": tokens batch-sharded on every dim in and out, every parameter left to the
-  planner (gathered for use). A MoE block nobody marked is planned this way.
-- "torchtitan_ep": as "data_parallel", but the routed experts' weights are Shard(0) on the `ep`
-  dim, and at run time TorchTitan's own `ExpertParallel` dispatches and combines tokens with
+- "data_parallel": each rank's tokens in and out, the planner choosing per mesh dim whether the
+  tokens are split (data-parallel) or whole on every rank; every parameter left to the planner
+  (gathered for use). A MoE block nobody marked is planned this way.
+- "torchtitan_ep": as "data_parallel", but the tokens are split on the `ep` dim, the routed
+  experts' weights are Shard(0) there, and at run time TorchTitan's own `ExpertParallel` dispatches and combines tokens with
   all-to-alls on that dim (`apply/regions_run.py`).
 
 `resolve_all(model, mesh_names, mesh_sizes)` turns the marks into per-dim placements for a mesh
@@ -61,8 +62,8 @@ class Resolved:
 
     name: str
     style: str
-    ins: list[tuple[Placement, ...]]
-    outs: list[tuple[Placement, ...]]
+    ins: list[tuple[Placement | None, ...]]  # None: the planner picks Shard(0) or Replicate
+    outs: list[tuple[Placement | None, ...]]
     params: dict[str, tuple[Placement | None, ...]]  # every parameter of the module, in order
     n_out: int
     ep_dim: int | None = None  # the mesh dim of the style's all-to-alls
@@ -231,7 +232,8 @@ def resolve(qname: str, module: nn.Module, spec: ManualSpec, names: tuple[str, .
         return Resolved(qname, "user", ins, outs, params, len(outs),
                         extra={"param_elements": elements})
     facts = moe_facts(module)
-    batch = (Shard(0),) * len(names)
+    # tokens: split on ep (its all-to-all needs each rank's own); elsewhere the planner's choice
+    batch = tuple(Shard(0) if n == "ep" else None for n in names)
     params = {n: (None,) * len(names) for n in pnames}
     ep_dim = None
     if spec.style == "torchtitan_ep":

@@ -14,6 +14,7 @@ gap (against the LP relaxation) in the plan.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -42,11 +43,17 @@ def objective_ms(price: Price, budget_bytes: float) -> float:
 
 
 def initial_assignment(pb: Problem) -> list[tuple[int, ...]]:
-    """Replicate everywhere (option 0), pinned units at their pins."""
+    """Replicate everywhere (option 0), pinned units at their pins; where that splits a tensor
+    unevenly (a region that must split its tokens on one dim), the first allowed combination
+    that does not."""
     ndim = len(pb.sizes)
     assign = []
     for u in range(len(pb.units)):
-        choice = tuple(pb.allowed(u, m)[0] if pb.allowed(u, m) else 0 for m in range(ndim))
+        per_dim = [pb.allowed(u, m) or [0] for m in range(ndim)]
+        choice = tuple(opts[0] for opts in per_dim)
+        if pb.unit_price(u, choice) is None:
+            choice = next((c for c in itertools.product(*per_dim)
+                           if pb.unit_price(u, c) is not None), choice)
         assign.append(choice)
     return assign
 

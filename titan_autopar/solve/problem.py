@@ -61,7 +61,7 @@ class Unit:
     param_name: str | None = None
     recomputed: bool = False  # activation checkpointing runs its forward again in backward
     region: str | None = None  # the manual region this op stands for
-    dim_options: tuple[int, ...] | None = None  # a region op's one option per mesh dim
+    dim_options: list[list[int]] | None = None  # a region op's allowed options per mesh dim
     region_pin: tuple[Placement | None, ...] | None = None  # a region parameter's declaration
 
 
@@ -265,7 +265,7 @@ class Problem:
         placement a region declares for its parameter, or a pin, where there is one."""
         unit = self.units[u]
         if unit.dim_options is not None:
-            return [unit.dim_options[m]]
+            return list(unit.dim_options[m])
         want = None
         if unit.region_pin is not None and unit.region_pin[m] is not None:
             want = unit.region_pin[m]

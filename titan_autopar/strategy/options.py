@@ -108,8 +108,8 @@ class OptionBuilder:
         return [Option((p,), (p,) if with_grad else ()) for p in ps]
 
     # ---------------------------------------------------------------- ops
-    def dim_options(self, node: fx.Node) -> tuple[int, ...] | None:
-        """For a manual region's op, the option each mesh dim must take; None for other ops."""
+    def dim_options(self, node: fx.Node) -> list[list[int]] | None:
+        """For a manual region's op, the options each mesh dim may take; None for other ops."""
         if node.target not in REGION_OPS:
             return None
         return region_options(node, self.manual[region_name(node)])[1]
