@@ -24,6 +24,7 @@ from titan_autopar.apply.partition import split_joint
 from titan_autopar.cost.hardware import GiB, get_hardware
 from titan_autopar.cost.memory import Precision
 from titan_autopar.graph.recompute import check_mode
+from titan_autopar.graph.attention import flex_modules
 from titan_autopar.graph.blocks import find_blocks
 from titan_autopar.graph.manual import resolve_all
 from titan_autopar.graph.trace import trace_joint
@@ -259,6 +260,11 @@ def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
         raise ValueError("the model already has DTensor parameters: apply a plan to the plain "
                          "model (on meta or on one device), not to a parallelised one")
     names, sizes = _mesh_info(mesh)
+    if flex_modules(model):
+        raise ValueError(
+            f"{type(model).__name__} uses flex attention (attn_type = 'flex'), whose masks are "
+            "built per batch from the tokens: such flavors can be planned (titan-autopar plan) "
+            "but not run under auto yet. Choose a flavor with sdpa attention, or auto = false")
     inputs = _planned_inputs(plan)
     fp = fingerprint(model, inputs, names, sizes, get_hardware("h100"))
     fp["hardware"] = plan.data["fingerprint"].get("hardware")  # any hardware runs any plan

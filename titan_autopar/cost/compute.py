@@ -49,6 +49,12 @@ def node_flops(node: fx.Node) -> float:
         (b, m, k), (_, _, n) = _shape(a[0]), _shape(a[1])
         return 2.0 * b * m * k * n
     name = getattr(t, "__name__", str(t))
+    if "masked_attention" in name:  # flex attention, block-causal: priced as causal
+        backward = "backward" in name
+        q, k, v = (_shape(x) for x in (a[1:4] if backward else a[0:3]))
+        b, h, s, dq = q
+        f = 2.0 * b * h * s * k[2] * (dq + v[3]) / 2
+        return f * (2.5 if backward else 1.0)
     if "scaled_dot_product" in name:
         causal = bool(node.kwargs.get("is_causal", False))
         if "backward" in name:

@@ -21,6 +21,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
+from titan_autopar.graph.attention import flex_as_ops, flex_kwargs
 from titan_autopar.graph.manual_ops import regions_as_ops
 
 
@@ -135,6 +136,7 @@ def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...],
 
     `manual` (qualified name -> `graph.manual.Resolved`) lists the manual regions: each is
     traced as one `manual_forward` op and one `manual_backward` op (`graph/manual_ops.py`).
+    TorchTitan's flex attention is traced as one op each way too (`graph/attention.py`).
     """
     t0 = time.perf_counter()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -149,11 +151,12 @@ def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...],
 
     blocks = [BlockTrace(n, _signature(m)) for n, m in _block_containers(model)]
     manual = manual or {}
-    with regions_as_ops(model, manual):
+    kwargs = flex_kwargs(model)  # a flex-attention model asserts it is given a mask
+    with regions_as_ops(model, manual), flex_as_ops(model):
         # forward once on fake tensors to learn the output's shape and dtype
         with fake_mode, torch.no_grad():
             out = torch.func.functional_call(model, {**_cast(params, param_dtype), **buffers},
-                                             inputs)
+                                             inputs, kwargs)
         if not isinstance(out, torch.Tensor):
             raise TypeError(
                 f"the model returns {type(out).__name__}; the planner needs a model whose forward "
@@ -164,7 +167,7 @@ def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...],
 
         def joint(params, buffers, inputs, tangent):
             out = torch.func.functional_call(model, {**_cast(params, param_dtype), **buffers},
-                                             inputs)
+                                             inputs, kwargs)
             needs = list(params.values()) + [inputs[i] for i in diff]
             grads = torch.autograd.grad(out, needs, tangent, allow_unused=True)
             # a parameter the output does not depend on gets an explicit zero gradient

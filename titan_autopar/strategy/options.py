@@ -18,7 +18,7 @@ import torch.fx as fx
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy
+from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy, TupleStrategy
 from torch.distributed.tensor.placement_types import Placement
 from torch.utils import _pytree as pytree
 
@@ -215,9 +215,14 @@ class OptionBuilder:
                     return v
                 return a
 
-            args = fx.node.map_aggregate(node.args, conv)
+            def tuples(a):  # a list of tensors (cat, stack) is one TupleStrategy argument
+                if isinstance(a, (list, tuple)) and a and all(isinstance(x, OpStrategy) for x in a):
+                    return TupleStrategy(list(a))
+                return a
+
+            args = tuple(tuples(a) for a in fx.node.map_aggregate(node.args, conv))
             kwargs = fx.node.map_aggregate(node.kwargs, conv)
-            return OpSchema(op, tuple(args), kwargs)
+            return OpSchema(op, args, kwargs)
 
         def rows(schema) -> list[list]:
             st = self.prop.op_strategy_funcs[op](schema)

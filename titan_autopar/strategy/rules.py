@@ -33,8 +33,13 @@ def _attention_backward(node: fx.Node, n_out: int, n_in: int) -> list[list]:
 
 
 def own_rules() -> dict[object, Rule]:
+    from titan_autopar.graph import attention
+
     rules: dict[object, Rule] = {
         aten._scaled_dot_product_flash_attention_for_cpu.default: _attention_forward,
         aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _attention_backward,
+        # flex attention (graph/attention.py): (q, k, v) -> out; (grad, q, k, v) -> (dq, dk, dv)
+        attention.FORWARD: _attention_forward,
+        attention.BACKWARD: _attention_backward,
     }
     return rules
