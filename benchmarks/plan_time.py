@@ -4,14 +4,26 @@ Cases: Llama3-8B (32 layers, seq 8192) on a 64-rank (dp_shard=8, tp=8) H100 mesh
 on a 128-rank 4-D mesh (dp_replicate=2, dp_shard=4, cp=2, tp=8), both simulated in this process.
 Targets on a 2-core machine: 8B <= 20 s end to end, 70B 4-D <= 60 s.
 
-  .venv/bin/python benchmarks/plan_time.py [--solver cbc|highs] [--case 8b|70b]
+MoE cases plan a real job file end to end through `titan-autopar plan --config` (bf16, the
+config's activation checkpointing and expert parallelism): Llama4 17Bx16E on 64 ranks
+(`llama4_64`) and DeepSeek-V3 671B on 512 ranks with ep = 64 (`dsv3_671b_512`); each row has the
+predicted step time and peak memory, the priced expert recipe beside it, and a sanity figure: the
+predicted compute time against 6 x active parameters x tokens per GPU / (bf16 peak x efficiency)
+(x 4/3 under full activation checkpointing: one more forward), as `compute_over_ideal`.
+Targets: <= 60 s each end to end, peak <= 80 GiB, auto <= recipe.
+
+  .venv/bin/python benchmarks/plan_time.py [--solver cbc|highs] [--case 8b|70b|llama4_64|...]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -23,9 +35,71 @@ CASES = {
     "8b": ("8B", ("dp_shard", "tp"), (8, 8), 8192),
     "70b": ("70B", ("dp_replicate", "dp_shard", "cp", "tp"), (2, 4, 2, 8), 8192),
 }
+JOBS = {
+    "llama4_64": "train_configs/llama4_17bx16e_64gpu_auto.toml",
+    "dsv3_671b_512": "train_configs/deepseek_v3_671b_512gpu_auto.toml",
+}
+REPO = Path(__file__).resolve().parents[1]
+
+
+def active_parameters(model) -> float:
+    """Parameters one token meets: routed experts count top_k / experts of theirs."""
+    from titan_autopar.graph.manual import is_moe_block
+
+    total = sum(p.numel() for p in model.parameters())
+    for m in model.modules():
+        if is_moe_block(m):
+            experts = sum(p.numel() for p in m.experts.parameters())
+            total -= experts * (1 - m.router.top_k / m.experts.num_experts)
+    return total
+
+
+def run_job(case: str, solver: str) -> dict:
+    from titan_autopar.cli import main as cli
+    from titan_autopar.cost.hardware import get_hardware
+    from titan_autopar.titan.job_file import planning_job
+    from titan_autopar.titan.models import build_model
+
+    path = REPO / JOBS[case]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "plan.json"
+        t0 = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = cli(["plan", "--config", str(path), "--solver", solver, "--out", str(out),
+                      "--timings"])
+        total = time.perf_counter() - t0
+        if rc:
+            return {"error": f"plan --config exited {rc}"}
+        plan = json.loads(out.read_text())
+    job = planning_job(path)
+    model, _ = build_model(job.model, job.flavor, job.seq_len)
+    hw = get_hardware(job.hardware)
+    recompute = 4 / 3 if job.activation_checkpointing == "full" else 1.0
+    ideal = (6 * active_parameters(model) * job.local_batch_size * job.seq_len * recompute
+             / (hw.peak_bf16_flops * hw.compute_efficiency))
+    pred = plan["predicted"]
+    t = plan["timings"]
+    return {
+        "total_s": round(total, 2),
+        "trace_s": round(t["trace"]["seconds"], 2),
+        "solve_phase_s": round(t["solve"]["seconds"], 2),
+        "programs": plan["solver"]["programs"], "status": plan["solver"]["status"],
+        "gap": plan["solver"]["gap"],
+        "mesh": dict(zip(plan["mesh"]["names"], plan["mesh"]["shape"])),
+        "predicted_step_ms": round(pred["step_time_s"] * 1e3, 1),
+        "predicted_compute_ms": round(pred["compute_s"] * 1e3, 1),
+        "peak_memory_gib": round(pred["peak_memory_gib"], 2),
+        "recipe_step_ms": {r: round(v["step_time_s"] * 1e3, 1) for r, v in plan["recipes"].items()},
+        "recipe_peak_gib": {r: round(v["peak_memory_gib"], 2) for r, v in plan["recipes"].items()},
+        "active_parameters_b": round(active_parameters(model) / 1e9, 2),
+        "ideal_compute_ms": round(ideal * 1e3, 1),
+        "compute_over_ideal": round(pred["compute_s"] / ideal, 3),
+    }
 
 
 def run(case: str, solver: str) -> dict:
+    if case in JOBS:
+        return run_job(case, solver)
     flavor, names, sizes, seq = CASES[case]
     t0 = time.perf_counter()
     model, _ = build_model("llama3", flavor, seq)
@@ -59,10 +133,10 @@ def run(case: str, solver: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--solver", default="cbc", choices=["cbc", "highs"])
-    ap.add_argument("--case", choices=sorted(CASES), action="append")
+    ap.add_argument("--case", choices=sorted(CASES) + sorted(JOBS), action="append")
     a = ap.parse_args()
     out = {"benchmark": "plan_time", "solver": a.solver}
-    for case in a.case or sorted(CASES):
+    for case in a.case or sorted(CASES) + sorted(JOBS):
         out[case] = run(case, a.solver)
     print(json.dumps(out))
 

@@ -17,11 +17,17 @@ class DegreeError(ValueError):
 
 
 def degree_problem(world: int, dp_replicate: int, dp_shard: int, cp: int, tp: int,
-                   pp: int) -> str | None:
+                   pp: int, ep: int = 1, etp: int = 1) -> str | None:
     """None when the degrees fit `world` ranks, else the paragraph to show."""
     others = dp_replicate * cp * tp * pp
     shard = world // others if dp_shard == -1 else dp_shard
     if min(dp_replicate, cp, tp, pp) >= 1 and shard >= 1 and others * shard == world:
+        if ep > 1 and (shard * cp * tp) % (ep * etp):
+            return (f"expert_parallel_degree ({ep}) x expert_tensor_parallel_degree ({etp}) must "
+                    f"divide data_parallel_shard_degree ({shard}) x context_parallel_degree ({cp}) "
+                    f"x tensor_parallel_degree ({tp}) = {shard * cp * tp}: the expert ranks are "
+                    "carved out of those. Choose an expert_parallel_degree that divides "
+                    f"{shard * cp * tp // etp}.")
         return None
     what = (f"[parallelism] degrees: data_parallel_replicate_degree ({dp_replicate}) x "
             f"data_parallel_shard_degree ({dp_shard}) x context_parallel_degree ({cp}) x "
@@ -51,7 +57,7 @@ def install_degree_check() -> None:
 
     def _validate(self):
         problem = degree_problem(self.world_size, self.dp_replicate, self.dp_shard, self.cp,
-                                 self.tp, self.pp)
+                                 self.tp, self.pp, self.ep, self.etp)
         if problem:
             raise DegreeError(problem)
         return original(self)
