@@ -171,3 +171,56 @@ def test_the_user_written_moe_block_matches_one_device(tmp_path):
     assert not any("all_to_all" in k for k in res["program_collectives"]), res
     assert res["all_to_all_calls"] == 8, res
     assert res["w_placements"].endswith("Shard(dim=0))"), res["w_placements"]  # on ep, as declared
+
+
+class Doubler(nn.Module):
+    """Doubles its input: the local shard in, the local shard out."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(DIM, DIM)
+
+    def forward(self, x):
+        return 2 * x
+
+
+class WithDoubler(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = Doubler()
+
+    def forward(self, x):
+        return self.inner(x) + 1
+
+
+def contract_worker(rank: int, out_dir: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from titan_autopar.apply.init import local_slice
+
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp_shard",))
+    model = WithDoubler()
+    manual(model.inner, in_placements=[(Shard(0),)], out_placements=[(Replicate(),)])
+    model = apply_plan(model, Plan.load(f"{out_dir}/plan.json"), mesh, **QUIET)
+    x = torch.randn(BATCH, SEQ, DIM)
+    try:
+        model(local_slice(x, mesh, model.autopar.input_placements[0]))
+        msg = "no error"
+    except ManualRegionError as e:
+        msg = str(e)
+    if rank == 0:
+        write_result(out_dir, "contract", {"error": msg})
+
+
+def test_a_declaration_the_code_does_not_keep_stops_at_the_first_step(tmp_path):
+    """The region says its output is whole on every rank (Replicate) but returns the local
+    shard: the first step stops, naming the region and both shapes."""
+    with torch.device("meta"):
+        planned = WithDoubler()
+    manual(planned.inner, in_placements=[(Shard(0),)], out_placements=[(Replicate(),)])
+    plan_model(planned, fake_mesh(("dp_shard",), (2,)), (torch.zeros(BATCH, SEQ, DIM),),
+               **QUIET).save(tmp_path / "plan.json")
+    run_ranks(contract_worker, 2, str(tmp_path))
+    msg = read_result(tmp_path, "contract")["error"]
+    assert "manual region 'inner' returned local outputs of shapes [(4, 4, 32)]" in msg, msg
+    assert "imply [(8, 4, 32)]" in msg and "make the declaration match" in msg, msg

@@ -3,7 +3,7 @@
 Owns `descend`: starting from a full assignment, it solves the integer program of
 `solve/ilp.py` for one mesh dim at a time (every operator at once, the other dims held fixed, all
 prices exact) and keeps a result only if the whole plan's price improves, cycling through the dims
-until a full round changes nothing. On a 1-D mesh this is a single exact solve. On N-D meshes it
+until a full round changes nothing or gains less than `ROUND_GAIN` of the objective. On a 1-D mesh this is a single exact solve. On N-D meshes it
 replaces one program over products of per-dim choices -- whose size grows as (options per dim) to
 the power of the mesh's rank, the reason 4-D meshes were called impractical -- with rank-many
 small programs; started from the expert recipe it can only improve on it. Each program stops by
@@ -22,6 +22,9 @@ from titan_autopar.cost.hardware import GiB
 from titan_autopar.solve.ilp import (HIDDEN_COMM_WEIGHT, MEMORY_PENALTY_MS_PER_GIB, SolveLimits,
                                      solve_dim)
 from titan_autopar.solve.problem import Price, Problem
+
+
+ROUND_GAIN = 1e-4  # a full round improving the objective by less than this fraction ends it
 
 
 @dataclass
@@ -77,6 +80,7 @@ def descend(
     solved_at = [-1] * ndim  # version at which each dim was last solved
     for r in range(max_rounds):
         stats.rounds = r + 1
+        at_start = best
         for m in range(ndim):
             if solved_at[m] == version:
                 continue  # nothing changed since this dim's program was last solved
@@ -101,5 +105,7 @@ def descend(
                 version += 1
             solved_at[m] = version
         if all(v == version for v in solved_at):
+            break
+        if best > at_start * (1 - ROUND_GAIN):  # a round that gained almost nothing: converged
             break
     return assign, stats

@@ -91,7 +91,7 @@ def _with(choice: tuple[int, ...], m: int, s: int) -> tuple[int, ...]:
     return choice[:m] + (s,) + choice[m + 1 :]
 
 
-def _choice_vars(pb: Problem, assign, m: int):
+def _choice_vars(prob: pulp.LpProblem, pb: Problem, assign, m: int):
     """Allowed options per unit on dim m and their binaries (None where only one is allowed)."""
     allowed: list[list[int]] = []
     xs: list[dict[int, pulp.LpVariable] | None] = []
@@ -103,7 +103,7 @@ def _choice_vars(pb: Problem, assign, m: int):
         if len(opts) == 1:
             xs.append(None)
         else:
-            xs.append({s: pulp.LpVariable(f"x_{u}_{s}", cat="Binary") for s in opts})
+            xs.append({s: prob.add_variable(f"x_{u}_{s}", cat="Binary") for s in opts})
     return allowed, xs
 
 
@@ -127,7 +127,7 @@ def solve_dim(
     t0 = time.perf_counter()
     ms = 1e3
     prob = pulp.LpProblem(f"dim{m}", pulp.LpMinimize)
-    allowed, xs = _choice_vars(pb, assign, m)
+    allowed, xs = _choice_vars(prob, pb, assign, m)
     objective: list = []
     const = 0.0
     n_cons = 0
@@ -191,7 +191,7 @@ def solve_dim(
             ys = {}
             for ai, a in enumerate(A):
                 for bi, b in enumerate(B):
-                    y = pulp.LpVariable(f"y_{ei}_{ai}_{bi}", lowBound=0)
+                    y = prob.add_variable(f"y_{ei}_{ai}_{bi}", lowBound=0)
                     ys[ai, bi] = y
                     cost = pb.edge_price(ei, a, b) * ms
                     if cost:
@@ -218,7 +218,7 @@ def solve_dim(
     for g, terms in group_param.items():
         if not terms and not group_param_const.get(g):
             continue
-        eg = pulp.LpVariable(f"E_{n_e}", lowBound=0)
+        eg = prob.add_variable(f"E_{n_e}", lowBound=0)
         n_e += 1
         objective += [(v, HIDDEN_COMM_WEIGHT * c) for v, c in terms]
         rhs = pulp.LpAffineExpression(terms) + group_param_const.get(g, 0.0)
@@ -228,7 +228,7 @@ def solve_dim(
         objective.append((eg, 1.0))
 
     # memory budget (soft, with a penalty that dominates any step time)
-    excess = pulp.LpVariable("memory_excess_gib", lowBound=0)
+    excess = prob.add_variable("memory_excess_gib", lowBound=0)
     prob += pulp.LpAffineExpression(mem_terms) + mem_const - excess <= budget_bytes / GiB
     n_cons += 1
     objective.append((excess, MEMORY_PENALTY_MS_PER_GIB))
@@ -245,6 +245,11 @@ def solve_dim(
     status, gap = "optimal", 0.0
     if prob.status == pulp.LpStatusOptimal and not _integral(xs):
         bound = float(pulp.value(prob.objective) or 0.0)  # the LP's: no integer point is lower
+        # the current assignment is a feasible point: start branch-and-bound from it
+        for u, x in enumerate(xs):
+            if x is not None:
+                for s_, v in x.items():
+                    v.setInitialValue(1.0 if s_ == assign[u][m] else 0.0)
         with _solver_files(solver, limits, mip=True) as mip_solver:
             prob.solve(mip_solver)
         guard_fired = time.perf_counter() - t1 >= limits.guard_s * 0.98
@@ -297,7 +302,7 @@ def _solver_files(name: str, limits: SolveLimits, mip: bool):
         if name == "cbc":
             s = pulp.PULP_CBC_CMD(msg=False, threads=1, mip=mip, timeLimit=limits.guard_s,
                                   gapRel=limits.gap if mip else None,
-                                  maxNodes=limits.max_nodes if mip else None)
+                                  maxNodes=limits.max_nodes if mip else None, warmStart=mip)
             s.tmpDir = tmp
         elif name == "highs":
             if "HiGHS" not in pulp.listSolvers(onlyAvailable=True):
