@@ -8,9 +8,9 @@
   under the recipe: both continue at step 11 with the same losses.
 - mixed_precision_param = "bfloat16" under auto follows the recipe's bf16 run.
 - pp=2 under auto: each pipeline stage is planned on its own and trains like the recipe's pp=2.
-- The MoE debug models deepseek_v3, llama4 and qwen3 train under auto. (qwen3's 64 experts per
-  layer, replicated as the planner prefers for an H100, take 5 GiB per rank, more than 4 CPU ranks
-  on a 24 GiB machine hold: its config sets a memory budget, which makes the planner shard them.)
+- The MoE debug model deepseek_v3 trains under auto without expert parallelism (its MoE blocks
+  are data-parallel manual regions); with expert parallelism, and llama4 and qwen3, see
+  `tests/test_titan_ep.py` and `benchmarks/moe_parity.py`.
 - A rank killed mid-run: the same command resumes from the last checkpoint with the saved plan
   (nothing solved again) and trains on with the uninterrupted run's losses.
 - Bad configs stop with an error that says what to change.
@@ -175,25 +175,25 @@ def test_pipeline_stages_are_planned_each(trained):
 
 def test_mixed_precision_under_auto_follows_the_recipe(trained):
     """mixed_precision_param = "bfloat16": auto computes in bf16 as FSDP's param_dtype does.
-    From the same seed both bf16 runs agree to 2e-2 (bf16 rounding, summed in another order;
-    measured below 5e-3), and differ from the fp32 run (bf16 is really on)."""
+    From the same seed both bf16 runs agree to 2e-2 over 3 steps (bf16 rounding, summed in
+    another order; measured below 5e-3), and differ from the fp32 run (bf16 is really on)."""
     root, fp32 = trained
     seed = root / "seed" / "checkpoint" / "step-0"
     losses = {}
     for name, config in (("fsdp_bf16", FSDP), ("auto_bf16", AUTO)):
         run = _run(config, 4, "--job.dump_folder", root / name, "--checkpoint.enable",
-                   "--checkpoint.initial_load_path", seed, "--training.steps", 5,
+                   "--checkpoint.initial_load_path", seed, "--training.steps", 3,
                    "--training.mixed_precision_param", "bfloat16")
         losses[name] = parse_losses(run.stdout)
         logs = run.stdout
     auto, fsdp = losses["auto_bf16"], losses["fsdp_bf16"]
-    assert sorted(auto) == list(range(1, 6)) and auto[5] < auto[1] - 1.0
+    assert sorted(auto) == [1, 2, 3] and auto[3] < auto[1] - 0.3
     assert max(abs(auto[s] - fsdp[s]) for s in auto) <= 2e-2, (auto, fsdp)
     assert max(abs(auto[s] - fp32["auto"][s]) for s in auto) > 1e-4, (auto, fp32["auto"])
     assert "parameters cast to bfloat16 for compute" in logs
 
 
-@pytest.mark.parametrize("model", ["deepseek_v3", "llama4", "qwen3_moe"])
+@pytest.mark.parametrize("model", ["deepseek_v3"])
 def test_moe_models_train_under_auto(model, tmp_path):
     run = _run(f"train_configs/{model}_debug_cpu_auto4.toml", 4, "--job.dump_folder", tmp_path,
                "--training.steps", 3, "--lr_scheduler.warmup_steps", 1)
