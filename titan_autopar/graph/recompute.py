@@ -21,14 +21,14 @@ import operator
 import torch
 import torch.fx as fx
 
-import titan_autopar.graph.attention  # noqa: F401  (registers titan_autopar::masked_attention)
+from titan_autopar.graph.attention import FORWARD as FLEX_ATTENTION
 
 MODES = ("none", "selective", "full")
 
 aten = torch.ops.aten
 MATMULS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.linear.default}
 ATTENTION = {
-    torch.ops.titan_autopar.masked_attention.default,  # flex attention (graph/attention.py)
+    FLEX_ATTENTION,  # graph/attention.py
     aten._scaled_dot_product_flash_attention.default,
     aten._scaled_dot_product_efficient_attention.default,
     aten._scaled_dot_product_cudnn_attention.default,
