@@ -6,7 +6,8 @@ Targets on a 2-core machine: 8B <= 20 s end to end, 70B 4-D <= 60 s.
 
 MoE cases plan a real job file end to end through `titan-autopar plan --config` (bf16, the
 config's activation checkpointing and expert parallelism): Llama4 17Bx16E on 64 ranks
-(`llama4_64`) and DeepSeek-V3 671B on 512 ranks with ep = 64 (`dsv3_671b_512`); each row has the
+(`llama4_64`), DeepSeek-V3 16B and Qwen3 30B-A3B on 64 ranks with ep = 8 (`dsv3_16b_64`,
+`qwen3_30b_64`) and DeepSeek-V3 671B on 512 ranks with ep = 64 (`dsv3_671b_512`); each row has the
 predicted step time and peak memory, the priced expert recipe beside it, and a sanity figure: the
 predicted compute time against 6 x active parameters x tokens per GPU / (bf16 peak x efficiency)
 (x 4/3 under full activation checkpointing: one more forward), as `compute_over_ideal`.
@@ -37,6 +38,8 @@ CASES = {
 }
 JOBS = {
     "llama4_64": "train_configs/llama4_17bx16e_64gpu_auto.toml",
+    "dsv3_16b_64": "train_configs/deepseek_v3_16b_64gpu_auto.toml",
+    "qwen3_30b_64": "train_configs/qwen3_30b_a3b_64gpu_auto.toml",
     "dsv3_671b_512": "train_configs/deepseek_v3_671b_512gpu_auto.toml",
 }
 REPO = Path(__file__).resolve().parents[1]

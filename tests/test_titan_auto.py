@@ -175,19 +175,19 @@ def test_pipeline_stages_are_planned_each(trained):
 
 def test_mixed_precision_under_auto_follows_the_recipe(trained):
     """mixed_precision_param = "bfloat16": auto computes in bf16 as FSDP's param_dtype does.
-    From the same seed both bf16 runs agree to 2e-2 over 3 steps (bf16 rounding, summed in
+    From the same seed both bf16 runs agree to 2e-2 over 2 steps (bf16 rounding, summed in
     another order; measured below 5e-3), and differ from the fp32 run (bf16 is really on)."""
     root, fp32 = trained
     seed = root / "seed" / "checkpoint" / "step-0"
     losses = {}
     for name, config in (("fsdp_bf16", FSDP), ("auto_bf16", AUTO)):
         run = _run(config, 4, "--job.dump_folder", root / name, "--checkpoint.enable",
-                   "--checkpoint.initial_load_path", seed, "--training.steps", 3,
+                   "--checkpoint.initial_load_path", seed, "--training.steps", 2,
                    "--training.mixed_precision_param", "bfloat16")
         losses[name] = parse_losses(run.stdout)
         logs = run.stdout
     auto, fsdp = losses["auto_bf16"], losses["fsdp_bf16"]
-    assert sorted(auto) == [1, 2, 3] and auto[3] < auto[1] - 0.3
+    assert sorted(auto) == [1, 2] and auto[2] < auto[1] - 0.1
     assert max(abs(auto[s] - fsdp[s]) for s in auto) <= 2e-2, (auto, fsdp)
     assert max(abs(auto[s] - fp32["auto"][s]) for s in auto) > 1e-4, (auto, fp32["auto"])
     assert "parameters cast to bfloat16 for compute" in logs
@@ -204,14 +204,17 @@ def test_moe_models_train_under_auto(model, tmp_path):
     assert plan["manual_regions"], "MoE blocks should be planned as manual regions"
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--auto_parallel.hardware", "tpu9"], "unknown hardware"),
-    (["--auto_parallel.plan_file", "no/such/plan.json"], "does not exist"),
-    (["--auto_parallel.memory_budget_gib", "0.001"], "budget"),
-    (["--parallelism.tensor_parallel_degree", "2"], "set data_parallel_shard_degree = 2"),
+ONE_RANK = ["--parallelism.data_parallel_shard_degree", "1"]  # what does not need four
+
+
+@pytest.mark.parametrize("nproc, args, says", [
+    (1, ["--auto_parallel.hardware", "tpu9", *ONE_RANK], "unknown hardware"),
+    (1, ["--auto_parallel.plan_file", "no/such/plan.json", *ONE_RANK], "does not exist"),
+    (1, ["--auto_parallel.memory_budget_gib", "0.001", *ONE_RANK], "budget"),
+    (4, ["--parallelism.tensor_parallel_degree", "2"], "set data_parallel_shard_degree = 2"),
 ])
-def test_bad_auto_configs_say_what_to_change(args, says, tmp_path):
-    run = _run(AUTO, 4, "--job.dump_folder", tmp_path, "--training.steps", 1, *args,
+def test_bad_auto_configs_say_what_to_change(nproc, args, says, tmp_path):
+    run = _run(AUTO, nproc, "--job.dump_folder", tmp_path, "--training.steps", 1, *args,
                expect_ok=False, timeout=300)
     assert run.returncode != 0
     assert says in run.stdout, run.stdout[-3000:]

@@ -2,10 +2,10 @@
 
 Each pair starts from one seed checkpoint and reads the same data, fp32. Under auto every MoE
 block is a "torchtitan_ep" manual region: TorchTitan's ExpertParallel inside, the rest planned.
-- deepseek_v3, ep = 2 (mesh dp_shard 2 x ep 2): 4 steps of losses within 1e-4 relative of the
+- deepseek_v3, ep = 2 (mesh dp_shard 2 x ep 2): 3 steps of losses within 1e-4 relative of the
   recipe's; then each run's step-2 checkpoint resumes under the other (auto -> recipe, recipe ->
-  auto) and both train steps 3 and 4 as the uninterrupted runs did.
-- llama4, ep = 4 (mesh ep 4): 3 steps within 1e-4.
+  auto) and both train step 3 as the uninterrupted runs did.
+- llama4, ep = 4 (mesh ep 4): 2 steps within 1e-4.
 The full matrix (three models, ep 2 and 4, 10 steps) is `benchmarks/moe_parity.py`.
 """
 
@@ -59,10 +59,10 @@ def worst_rel(a: dict, b: dict) -> float:
 
 def test_deepseek_ep2_trains_like_the_recipe_and_checkpoints_cross(tmp_path):
     seed = seed_checkpoint("deepseek_v3", tmp_path)
-    losses = train_pair("deepseek_v3", 2, 4, tmp_path, seed, interval=2)
+    losses = train_pair("deepseek_v3", 2, 3, tmp_path, seed, interval=2)
     auto, recipe = losses["auto"], losses["recipe"]
     print("deepseek_v3 ep=2 auto", auto, "recipe", recipe)
-    assert sorted(auto) == sorted(recipe) == [1, 2, 3, 4]
+    assert sorted(auto) == sorted(recipe) == [1, 2, 3]
     assert worst_rel(auto, recipe) <= REL_TOL, (auto, recipe)
     assert "manual regions (torchtitan_ep): layers.1.moe" in losses["auto_log"]
     plan = json.loads((tmp_path / "auto" / "plan.json").read_text())
@@ -77,21 +77,21 @@ def test_deepseek_ep2_trains_like_the_recipe_and_checkpoints_cross(tmp_path):
         shutil.copytree(tmp_path / source / "checkpoint" / "step-2",
                         tmp_path / name / "checkpoint" / "step-2")
         run = _run(config, 4, "--job.dump_folder", tmp_path / name, "--checkpoint.enable",
-                   "--checkpoint.interval", 10, "--training.steps", 4,
+                   "--checkpoint.interval", 10, "--training.steps", 3,
                    "--parallelism.expert_parallel_degree", 2)
         resumed[name] = parse_losses(run.stdout)
     print("resumed", resumed)
     for got in resumed.values():
-        assert sorted(got) == [3, 4], resumed
-        assert worst_rel(got, {s: auto[s] for s in (3, 4)}) <= REL_TOL, (resumed, auto)
+        assert sorted(got) == [3], resumed
+        assert worst_rel(got, {3: auto[3]}) <= REL_TOL, (resumed, auto)
 
 
 def test_llama4_ep4_trains_like_the_recipe(tmp_path):
     seed = seed_checkpoint("llama4", tmp_path)
-    losses = train_pair("llama4", 4, 3, tmp_path, seed, interval=10)
+    losses = train_pair("llama4", 4, 2, tmp_path, seed, interval=10)
     auto, recipe = losses["auto"], losses["recipe"]
     print("llama4 ep=4 auto", auto, "recipe", recipe)
-    assert sorted(auto) == [1, 2, 3] and worst_rel(auto, recipe) <= REL_TOL, (auto, recipe)
+    assert sorted(auto) == [1, 2] and worst_rel(auto, recipe) <= REL_TOL, (auto, recipe)
     plan = json.loads((tmp_path / "auto" / "plan.json").read_text())
     assert plan["mesh"]["names"] == ["ep"] and plan["mesh"]["shape"] == [4]
 
