@@ -9,7 +9,8 @@ config's activation checkpointing and expert parallelism): Llama4 17Bx16E on 64 
 (`llama4_64`), DeepSeek-V3 16B and Qwen3 30B-A3B on 64 ranks with ep = 8 (`dsv3_16b_64`,
 `qwen3_30b_64`) and DeepSeek-V3 671B on 512 ranks with ep = 64 (`dsv3_671b_512`); each row has the
 predicted step time and peak memory, the priced expert recipe beside it, and a sanity figure: the
-predicted compute time against 6 x active parameters x tokens per GPU / (bf16 peak x efficiency)
+predicted compute time against 6 x active parameters x tokens per GPU (the local batch over tp x cp)
+/ (bf16 peak x efficiency)
 (x 4/3 under full activation checkpointing: one more forward), as `compute_over_ideal`.
 Targets: <= 60 s each end to end, peak <= 80 GiB, auto <= recipe.
 
@@ -78,7 +79,10 @@ def run_job(case: str, solver: str) -> dict:
     model, _ = build_model(job.model, job.flavor, job.seq_len)
     hw = get_hardware(job.hardware)
     recompute = 4 / 3 if job.activation_checkpointing == "full" else 1.0
-    ideal = (6 * active_parameters(model) * job.local_batch_size * job.seq_len * recompute
+    # tokens a GPU computes: its data-parallel batch, shared by its tensor/context-parallel ranks
+    sizes = dict(zip(plan["mesh"]["names"], plan["mesh"]["shape"]))
+    shared = sizes.get("tp", 1) * sizes.get("cp", 1)
+    ideal = (6 * active_parameters(model) * job.local_batch_size * job.seq_len / shared * recompute
              / (hw.peak_bf16_flops * hw.compute_efficiency))
     pred = plan["predicted"]
     t = plan["timings"]

@@ -155,7 +155,9 @@ class Problem:
         nodes = list(gm.graph.nodes)
         after_output = set(nodes[nodes.index(jg.output_value) + 1:])
         again = recomputable(blocks_by_position(gm, jg.blocks), bwd | after_output, self.recompute)
-        keep = set(saved_activations(gm, bwd))
+        # a value read only after the output (x**2 of a norm's derivative) is computed there from
+        # what the forward kept: it is not kept itself (`apply/partition.py` runs it in backward)
+        keep = set(saved_activations(gm, bwd | after_output))
         for n in again:  # what the recomputation starts from is kept instead
             keep.update(base_of(a) for a in n.all_input_nodes
                         if a.op == "call_function" and a not in bwd)
