@@ -3,10 +3,10 @@
 Owns `descend`: starting from a full assignment, it solves the integer program of
 `solve/ilp.py` for one mesh dim at a time (every operator at once, the other dims held fixed, all
 prices exact) and keeps a result only if the whole plan's price improves, cycling through the dims
-until a full round changes nothing or gains less than `ROUND_GAIN` of the objective. On a 1-D mesh this is a single exact solve. On N-D meshes it
-replaces one program over products of per-dim choices -- whose size grows as (options per dim) to
-the power of the mesh's rank, the reason 4-D meshes were called impractical -- with rank-many
-small programs; started from the expert recipe it can only improve on it. Each program stops by
+until a full round changes nothing or gains less than `ROUND_GAIN` of the objective. On a 1-D mesh
+this is a single exact solve. On N-D meshes it replaces one program over products of per-dim
+choices -- whose size grows as (options per dim) to the power of the mesh's rank, the reason 4-D
+meshes were called impractical -- with rank-many small programs; started from the expert recipe it can only improve on it. Each program stops by
 the counted limits of `SolveLimits` (never by the clock, so plans do not depend on the machine's
 load); one stopped before proving its optimum keeps its best integer solution and reports its
 gap (against the LP relaxation) in the plan.

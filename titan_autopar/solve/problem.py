@@ -151,13 +151,13 @@ class Problem:
         bwd = backward_nodes(gm, jg.tangent_node)
         saved: dict[fx.Node, set[int]] = {}
         # what runs after the model output (the backward, including its parts that do not read
-        # the output's gradient, e.g. x**2 of a norm's derivative) reads saved or recomputed values
+        # the output's gradient, e.g. x**2 of a norm's derivative) reads saved or recomputed
+        # values; such a part is computed there from what the forward kept, not kept itself
+        # (`apply/partition.py` runs it in the backward)
         nodes = list(gm.graph.nodes)
-        after_output = set(nodes[nodes.index(jg.output_value) + 1:])
-        again = recomputable(blocks_by_position(gm, jg.blocks), bwd | after_output, self.recompute)
-        # a value read only after the output (x**2 of a norm's derivative) is computed there from
-        # what the forward kept: it is not kept itself (`apply/partition.py` runs it in backward)
-        keep = set(saved_activations(gm, bwd | after_output))
+        later = bwd | set(nodes[nodes.index(jg.output_value) + 1:])
+        again = recomputable(blocks_by_position(gm, jg.blocks), later, self.recompute)
+        keep = set(saved_activations(gm, later))
         for n in again:  # what the recomputation starts from is kept instead
             keep.update(base_of(a) for a in n.all_input_nodes
                         if a.op == "call_function" and a not in bwd)
