@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from titan_autopar.cli import fake_mesh
 from titan_autopar.titan.models import build_model
+
+
+@pytest.fixture(scope="session", autouse=True)
+def profile_cache(tmp_path_factory):
+    """Jobs with `hardware = "calibrate"` measure this machine once per test session, in a
+    cache of the session's own (not the user's), and share the profile after that."""
+    os.environ["TITAN_AUTOPAR_CACHE"] = str(tmp_path_factory.mktemp("titan_autopar_cache"))
+    yield os.environ["TITAN_AUTOPAR_CACHE"]
 
 
 @pytest.fixture

@@ -123,7 +123,7 @@ def test_out_that_is_not_a_plan_is_kept(tmp_path, capsys):
      "[parallelism] auto = 'false' is not true or false"),
     (lambda t: t.replace("auto = true", 'auto = "yes"'), "[parallelism] auto = 'yes'"),
     (lambda t: t.replace("seq_len = 256", "seq_len = 0"), "[training] seq_len = 0: it must be at least 1"),
-    (lambda t: t.replace('hardware = "h100"', "hardware = 100"), "[auto_parallel] hardware = 100"),
+    (lambda t: t.replace('hardware = "calibrate"', "hardware = 100"), "[auto_parallel] hardware = 100"),
 ])
 def test_plan_config_values(edit, says, tmp_path, capsys):
     cfg = tmp_path / "job.toml"

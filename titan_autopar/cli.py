@@ -5,6 +5,8 @@
   titan-autopar plan --config train_configs/llama3_8b_64gpu_auto.toml --explain
   titan-autopar explain plan.json
   titan-autopar diff a.json b.json
+  titan-autopar calibrate --nproc 4 --mesh 2,2 --out profile.json   # measure this machine
+  titan-autopar show plan.json --out plan.png                         # a picture of a plan
 
 `plan` simulates the mesh with torch's fake process group in this one process: no GPU needed.
 """
@@ -94,6 +96,7 @@ def cmd_plan(a) -> int:
     import torch
 
     from titan_autopar import plan_model
+    from titan_autopar.cost.memory import Precision
     from titan_autopar.titan.models import build_model, global_batch
 
     if a.config:  # the job file decides model, shapes, mesh, hardware and budget
@@ -101,11 +104,12 @@ def cmd_plan(a) -> int:
 
         job = planning_job(a.config)
         a.model, a.flavor, a.seq_len = job.model, job.flavor, job.seq_len
-        a.local_batch_size, a.hardware = job.local_batch_size, job.hardware
+        a.local_batch_size, a.hardware = job.local_batch_size, a.hardware or job.hardware
         a.memory_budget_gib = a.memory_budget_gib or job.memory_budget_gib
         a.activation_checkpointing = job.activation_checkpointing
-        a.param_dtype = job.param_dtype
+        a.param_dtype = job.param_dtype or "float32"  # the job computes in fp32: priced so
         a.mesh = ",".join(f"{n}={s}" for n, s in zip(job.mesh_names, job.mesh_sizes))
+    a.hardware = a.hardware or "h100"
     names, sizes = parse_mesh(a.mesh)
     t0 = time.perf_counter()
     say = lambda s: print(f"[{time.perf_counter() - t0:6.1f}s] {s}", flush=True)  # noqa: E731
@@ -125,7 +129,9 @@ def cmd_plan(a) -> int:
     plan = plan_model(model, mesh, (tokens,), hardware=a.hardware, memory_budget_gib=a.memory_budget_gib,
                       solver=a.solver, time_limit_s=a.time_limit_s,
                       activation_checkpointing=a.activation_checkpointing,
-                      param_dtype=getattr(torch, a.param_dtype) if a.param_dtype else None,
+                      param_dtype=getattr(torch, a.param_dtype) if a.param_dtype not in
+                      (None, "float32") else None,
+                      precision=Precision(exact_floats=True) if a.param_dtype == "float32" else None,
                       progress=say)
     plan.save(a.out, timings=a.timings)
     say(f"wrote {a.out}")
@@ -148,6 +154,17 @@ def cmd_diff(a) -> int:
     return 0
 
 
+def cmd_show(a) -> int:
+    from titan_autopar import Plan
+    from titan_autopar.plan_picture import draw
+
+    out = Path(a.out)
+    if out.suffix.lower() != ".png" or out.is_dir():
+        raise ValueError(f"--out {a.out}: give a .png file name, such as plan.png")
+    print(f"wrote {draw(Plan.load(a.plan), out)}")
+    return 0
+
+
 def cmd_ab(a) -> int:
     from titan_autopar.titan.ab import run_ab, table
 
@@ -155,6 +172,30 @@ def cmd_ab(a) -> int:
     print(table(res))
     out = a.out or f"out/ab/{Path(a.config).stem}"
     print(f"[ab] wrote {out}/ab.json and {out}/ab.png")
+    return 0
+
+
+def cmd_calibrate(a) -> int:
+    import subprocess
+
+    out = Path(a.out)
+    if out.is_dir():
+        raise ValueError(f"--out {a.out} is a folder: give a file name such as {out / 'profile.json'}")
+    if a.mesh:
+        sizes = [int(x) for x in a.mesh.split(",") if x.strip().isdigit()]
+        if len(sizes) != len(a.mesh.split(",")) or math.prod(sizes) != a.nproc:
+            raise ValueError(f"--mesh {a.mesh}: give sizes like 2,2 whose product is --nproc "
+                             f"{a.nproc}")
+    env = dict(os.environ)
+    if a.device == "cpu":
+        env.setdefault("OMP_NUM_THREADS", "1")  # as the CPU jobs run: one thread per rank
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={a.nproc}", "-m", "titan_autopar.cost.calibrate", "--out", str(out),
+           "--device", a.device] + (["--mesh", a.mesh] if a.mesh else [])
+    print(f"[calibrate] measuring {a.nproc} {a.device} ranks (about 20 s on CPU)", flush=True)
+    run = subprocess.run(cmd, env=env)
+    if run.returncode != 0:
+        raise RuntimeError(f"calibration failed (exit {run.returncode}); its output is above")
     return 0
 
 
@@ -167,7 +208,8 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="llama3")
     p.add_argument("--flavor", default="8B")
     p.add_argument("--mesh", default="dp_shard=8,tp=8", help="name=size,... outermost first")
-    p.add_argument("--hardware", default="h100")
+    p.add_argument("--hardware", default=None, help="a preset (h100, h200, a100, b200, cpu) or "
+                   "a profile file from `titan-autopar calibrate` (default h100, or the config's)")
     p.add_argument("--seq-len", type=_positive(int), default=8192)
     p.add_argument("--local-batch-size", type=_positive(int), default=1)
     p.add_argument("--memory-budget-gib", type=_positive(float), default=None)
@@ -175,8 +217,9 @@ def main(argv=None) -> int:
     p.add_argument("--activation-checkpointing", default="none",
                    choices=["none", "selective", "full"],
                    help="recompute block activations in backward (TorchTitan's AC modes)")
-    p.add_argument("--param-dtype", default=None, choices=["bfloat16"],
-                   help="compute with parameters cast to this dtype (mixed precision)")
+    p.add_argument("--param-dtype", default=None, choices=["bfloat16", "float32"],
+                   help="compute with parameters cast to bfloat16 (mixed precision), or in "
+                   "float32 throughout; default: priced as TorchTitan's bf16 default")
     p.add_argument("--time-limit-s", type=_positive(float), default=None,
                    help="wall-clock guard per integer program (default 600 s); programs stop "
                    "by counted limits, so plans do not depend on the machine's load")
@@ -193,6 +236,10 @@ def main(argv=None) -> int:
     p.add_argument("a")
     p.add_argument("b")
     p.set_defaults(fn=cmd_diff)
+    p = sub.add_parser("show", help="draw a plan: placements, memory, communication, step time")
+    p.add_argument("plan")
+    p.add_argument("--out", default="plan.png")
+    p.set_defaults(fn=cmd_show)
     p = sub.add_parser("ab", help="train a TorchTitan config under auto and with its expert "
                        "twin from one seed checkpoint (CPU ranks), and compare")
     p.add_argument("--config", required=True, help="a TorchTitan TOML with the auto switch")
@@ -202,6 +249,14 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=_positive(int), default=20)
     p.add_argument("--out", default=None, help="output folder (default out/ab/<config name>)")
     p.set_defaults(fn=cmd_ab)
+    p = sub.add_parser("calibrate", help="measure this machine's ranks and write a hardware "
+                       "profile that --hardware and [auto_parallel] hardware accept")
+    p.add_argument("--nproc", type=_positive(int), default=4, help="ranks, as the job runs them")
+    p.add_argument("--mesh", default="", help="mesh dim sizes to measure collectives on, e.g. 2,2 "
+                   "(default: all ranks in one dim)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--out", default="profile.json")
+    p.set_defaults(fn=cmd_calibrate)
     a = ap.parse_args(argv)
     try:
         return a.fn(a)

@@ -215,7 +215,18 @@ def check_plan_data(d: dict, source) -> None:
     hw = _obj(src, "hardware", d["hardware"])
     _str(src, "hardware.name", hw.get("name"))
     for k, x in hw.items():
-        if k != "name":
+        if k == "profile":
+            _str(src, "hardware.profile", x)
+        elif k == "collective_fits":
+            for i, f in enumerate(_list(src, "hardware.collective_fits", x)):
+                w = f"hardware.collective_fits[{i}]"
+                if not isinstance(f, list) or len(f) != 4:
+                    _fail(src, w, "expected [kind, group size, latency s, seconds per byte]")
+                _str(src, f"{w}[0]", f[0])
+                _int(src, f"{w}[1]", f[1])
+                _num(src, f"{w}[2]", f[2])
+                _num(src, f"{w}[3]", f[3])
+        elif k != "name":
             _num(src, f"hardware.{k}", x)
     _num(src, "memory_budget_gib", d["memory_budget_gib"])
     if d["memory_budget_gib"] <= 0:

@@ -4,7 +4,8 @@ Owns `Topology` (which mesh dims stay inside a node, and the bandwidth/latency e
 `redistribute_time` / `redistribute_steps`: the collectives that move a tensor from one N-D
 placement to another, priced per mesh dim. A mesh dim whose ranks all sit inside one node uses
 NVLink figures; one that crosses nodes is bound by the inter-node link. Ring-style bandwidth
-terms, a log-depth latency term.
+terms, a log-depth latency term; where a measured profile has a fitted curve for the collective
+and group size (`Hardware.collective_fits`), that curve instead.
 """
 
 from __future__ import annotations
@@ -36,11 +37,15 @@ class Topology:
             self.intra.append(stride * s <= hw.gpus_per_node)
         self.bandwidth = [hw.intra_node_bandwidth if a else hw.inter_node_bandwidth for a in self.intra]
         self.latency = [hw.intra_node_latency if a else hw.inter_node_latency for a in self.intra]
+        self.fits = {(kind, k): (lat, spb) for kind, k, lat, spb in hw.collective_fits}
 
     def collective_time(self, kind: str, dim: int, nbytes: float) -> float:
         k = self.sizes[dim]
         if k <= 1 or nbytes <= 0:
             return 0.0
+        fit = self.fits.get((kind, k))
+        if fit is not None:  # measured on this machine (cost/calibrate.py)
+            return fit[0] + fit[1] * nbytes
         bw, lat = self.bandwidth[dim], self.latency[dim] * math.ceil(math.log2(k))
         frac = (k - 1) / k
         if kind == "all_reduce":

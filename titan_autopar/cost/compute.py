@@ -4,8 +4,9 @@ Owns `node_flops` (matmuls and attention; 0 for everything else; manual regions 
 `cost/regions.py`) and
 `compute_time`: the time one rank spends on a node whose work is split `split` ways
 (the product of the mesh dims on which the node's strategy is not all-Replicate), as the larger
-of its FLOPs at `compute_efficiency` of peak and its memory traffic at HBM bandwidth, plus a
-launch floor. Views and other aliasing ops are free.
+of its FLOPs at `compute_efficiency` of peak (the bf16 peak for elements of 2 bytes or less, the
+fp32 peak otherwise; attention at the measured `attention_flops` where a profile has one) and
+its memory traffic at HBM bandwidth, plus a launch floor. Views and other aliasing ops are free.
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ def node_flops(node: fx.Node) -> float:
     return 0.0
 
 
+def is_attention(node: fx.Node) -> bool:
+    name = getattr(node.target, "__name__", str(node.target))
+    return "scaled_dot_product" in name or "masked_attention" in name
+
+
 def compute_time(
     node: fx.Node, split: int, local_bytes: float, hw: Hardware, itemsize: int
 ) -> float:
@@ -79,6 +85,9 @@ def compute_time(
         return 0.0
     flops = node_flops(node) / split
     peak = hw.peak_bf16_flops if itemsize <= 2 else hw.peak_fp32_flops
-    t_flops = flops / (peak * hw.compute_efficiency)
+    rate = peak * hw.compute_efficiency
+    if hw.attention_flops and is_attention(node):
+        rate = hw.attention_flops  # measured, in the dtype the profile's machine trains in
+    t_flops = flops / rate
     t_mem = local_bytes / hw.hbm_bandwidth
     return hw.launch_overhead + max(t_flops, t_mem)

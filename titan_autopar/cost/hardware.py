@@ -1,12 +1,20 @@
 """Hardware presets and the precision the priced training step runs in.
 
 Owns `Hardware` (peak FLOP/s, HBM bandwidth and capacity, GPUs per node, intra- and inter-node
-link bandwidth and latency, how much of compute a collective can hide behind) and `get_hardware`,
-which accepts a preset name or a `Hardware`. Figures are per GPU and dense (no sparsity).
+link bandwidth and latency, how much of compute a collective can hide behind, and, when measured,
+attention FLOP/s and fitted collective curves) and `get_hardware`, which accepts a preset name, a
+hardware profile file (`cost/profile.py`, written by `titan-autopar calibrate`) or a `Hardware`.
+Figures are per GPU (per rank) and dense (no sparsity).
+
+Which peak prices which dtype: a matmul whose elements take 2 bytes or less (bf16, fp16) is
+priced at `peak_bf16_flops`, anything wider (fp32) at `peak_fp32_flops`; both are dense figures,
+and for the GPU presets the fp32 one is the plain (non-TF32) CUDA-core peak. A measured profile
+sets `compute_efficiency` to 1 and the peaks to the fitted matmul rates of its machine.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 
 GiB = 1024**3
@@ -27,9 +35,27 @@ class Hardware:
     compute_efficiency: float = 0.7  # fraction of peak a large matmul reaches
     launch_overhead: float = 5e-6  # seconds per kernel that does work
     overlap_efficiency: float = 0.9  # fraction of compute time parameter collectives can hide behind
+    attention_flops: float = 0.0  # measured attention FLOP/s (0: priced as a matmul)
+    # seconds per parameter element of one rank's optimizer step (AdamW, foreach) and gradient
+    # clipping; 0: OPTIMIZER_BYTES per element at hbm_bandwidth
+    optimizer_time_per_element: float = 0.0
+    # measured collective curves: (kind, group size, latency s, seconds per byte of the tensor
+    # as the collective sees it); a (kind, size) pair listed here replaces the formula
+    collective_fits: tuple = ()
+    profile: str = ""  # the profile file this came from and its machine's fingerprint
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def optimizer_seconds(self) -> float:
+        """One rank's optimizer step and gradient clipping, per local parameter element."""
+        return self.optimizer_time_per_element or OPTIMIZER_BYTES / self.hbm_bandwidth
+
+
+# AdamW reads the parameter, its gradient and two moments and writes three of them (28 bytes
+# of fp32); clipping reads the gradient twice more (its norm, then its scaling): 36 bytes
+OPTIMIZER_BYTES = 36
 
 
 PRESETS: dict[str, Hardware] = {
@@ -81,16 +107,47 @@ PRESETS: dict[str, Hardware] = {
         intra_node_latency=3e-6,
         inter_node_latency=10e-6,
     ),
+    # CPU ranks over gloo, one thread each, four ranks on two cores: rounded from
+    # `titan-autopar calibrate --nproc 4` on the development machines; the fallback where no
+    # profile of the machine itself is at hand (calibrate it: `hardware = "calibrate"`)
+    "cpu": Hardware(
+        name="cpu",
+        peak_bf16_flops=0.6e9,
+        peak_fp32_flops=30e9,
+        hbm_bandwidth=5e9,
+        hbm_bytes=6e9,
+        gpus_per_node=4,
+        intra_node_bandwidth=0.5e9,
+        inter_node_bandwidth=0.5e9,
+        intra_node_latency=1.5e-3,
+        inter_node_latency=1.5e-3,
+        compute_efficiency=1.0,
+        launch_overhead=4.3e-6,
+        overlap_efficiency=0.0,
+        attention_flops=9e9,
+        optimizer_time_per_element=1.8e-8,
+    ),
 }
+
+
+def is_profile_path(hw) -> bool:
+    """A hardware name that names a file (a profile) rather than a preset."""
+    s = str(hw)
+    return s.endswith(".json") or "/" in s or os.sep in s
 
 
 def get_hardware(hw: str | Hardware) -> Hardware:
     if isinstance(hw, Hardware):
         return hw
+    if is_profile_path(hw):
+        from titan_autopar.cost.profile import hardware_from_profile
+
+        return hardware_from_profile(hw)
     key = str(hw).lower()
     if key not in PRESETS:
         raise ValueError(
-            f"unknown hardware preset {hw!r}: use one of {', '.join(sorted(PRESETS))}, "
-            "or pass a titan_autopar.cost.hardware.Hardware with your own figures"
+            f"unknown hardware preset {hw!r}: use one of {', '.join(sorted(PRESETS))}, a "
+            "profile file written by `titan-autopar calibrate --out profile.json`, or pass a "
+            "titan_autopar.cost.hardware.Hardware with your own figures"
         )
     return PRESETS[key]

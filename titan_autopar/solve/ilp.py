@@ -145,7 +145,7 @@ def solve_dim(
             choice = _with(assign[u], m, s)
             c, mm = pb.unit_price(u, choice)
             comp[s] = c * ms
-            hides[s] = (c - pb.region_comm(u, choice)) * ms  # a region's own comm hides nothing
+            hides[s] = pb.hiding_compute(u, choice, c) * ms
             mem[s] = sum(mm.values()) / GiB
         terms, k = _lin(xs, u, comp)
         objective += terms

@@ -316,6 +316,7 @@ class Problem:
                 mem["parameters"] = w * n * prec.parameter
                 mem["gradients"] = w * n * prec.gradient
                 mem["optimizer"] = w * n * prec.optimizer
+                compute = w * n * self.hw.optimizer_seconds  # each rank steps its own shard
             elif unit.kind == "buffer":
                 mem["parameters"] = w * out_local[0] * unit.outs[0].element_size()
             elif unit.kind == "op" and unit.region is not None:
@@ -331,7 +332,9 @@ class Problem:
                 for o, k in zip(opts, sizes):
                     if any(p is not None and not isinstance(p, Replicate) for p in (*o.out, *o.ins)):
                         split *= k
-                compute = w * compute_time(unit.node, split, traffic, self.hw, prec.activation)
+                first = next((t for t in (*unit.outs, *unit.ins) if t is not None), None)
+                size = itemsize(first, prec) if first is not None else prec.activation
+                compute = w * compute_time(unit.node, split, traffic, self.hw, size)
                 if unit.recomputed:  # once in the forward, once more in the backward
                     compute *= 2
                 for j in unit.saved:
@@ -350,6 +353,13 @@ class Problem:
         tokens = n / (x.shape[-1] * (2 if x.dtype.is_complex else 1)) if x.ndim else n
         return region_seconds(region_work(r), backward, tokens, self.hw, self.topo,
                               itemsize(x, self.prec))
+
+    def hiding_compute(self, u: int, choice: tuple[int, ...], seconds: float) -> float:
+        """The part of unit `u`'s `seconds` that parameter collectives can hide behind: none of
+        a parameter's optimizer step (it runs after the backward) nor of a region's own comm."""
+        if self.units[u].kind == "param":
+            return 0.0
+        return seconds - self.region_comm(u, choice)
 
     def region_comm(self, u: int, choice: tuple[int, ...]) -> float:
         """Seconds of a region op's own collectives under `choice` (in `unit_price`'s time)."""
@@ -385,7 +395,7 @@ class Problem:
             price.comm += own
             price.comm_total += own
             g = self.units[u].block
-            group_compute[g] = group_compute.get(g, 0.0) + up[0] - own
+            group_compute[g] = group_compute.get(g, 0.0) + self.hiding_compute(u, choice, up[0])
             for k, v in up[1].items():
                 price.memory[k] += v
         for ei, e in enumerate(self.edges):

@@ -28,7 +28,9 @@ class AutoParallel:
     restarts (e.g. to resume from a checkpoint) finds it there and replays it when it was made
     for the same model, batch, mesh and settings, instead of solving again."""
     hardware: str = "h100"
-    """Hardware preset whose costs the planner uses: h100, h200, a100 or b200."""
+    """What the planner prices: a preset (h100, h200, a100, b200, cpu), a profile file written
+    by `titan-autopar calibrate` (it must describe this machine and rank count), or "calibrate":
+    measure this job's ranks at start, once per machine (cached)."""
     memory_budget_gib: float = 0.0
     """Per-device memory budget for the plan; 0 means the preset's memory."""
     solver: str = "cbc"

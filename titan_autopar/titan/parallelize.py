@@ -129,6 +129,17 @@ def compute_dtype(model, job_config) -> torch.dtype | None:
     return None if want == next(model.parameters()).dtype else want
 
 
+def job_precision(model, job_config):
+    """How the job's tensors are priced: a job that computes in its parameters' own dtype (no
+    mixed precision, e.g. fp32 on CPU ranks) at their real sizes and that dtype's peak; None
+    (TorchTitan's bf16 default, or exact sizes through `param_dtype`) otherwise."""
+    from titan_autopar.cost.memory import Precision
+
+    if compute_dtype(model, job_config) is not None:
+        return None
+    return Precision(exact_floats=True)
+
+
 def stage_inputs(model, parallel_dims, job_config) -> torch.Tensor:
     """What the (stage) model is called with, at the planned global shape, on meta.
 
@@ -291,6 +302,7 @@ def _plan(model, mesh, tokens, names, job_config, tag):
                 solver=ap.solver, time_limit_s=ap.time_limit_s or None,
                 activation_checkpointing=job_config.activation_checkpoint.mode,
                 param_dtype=compute_dtype(model, job_config),
+                precision=job_precision(model, job_config),
                 progress=lambda s: log.info(f"[titan_autopar] {s}"),
             )
         plan_json = plan.to_json()
@@ -305,9 +317,11 @@ def plan_and_apply(model, parallel_dims, job_config):
     """`auto = true`: plan (or replay) and apply; returns the model, parameters on meta."""
     from titan_autopar import apply_plan
     from titan_autopar.cost.hardware import get_hardware
+    from titan_autopar.titan.job_hardware import resolve_hardware
     from titan_autopar.titan.predictions import write_predictions
 
     log = _log()
+    resolve_hardware(job_config, log)  # a profile of another machine, or "calibrate"
     get_hardware(job_config.auto_parallel.hardware)  # an unknown preset fails here, clearly
     names, sizes = mesh_dims(parallel_dims)
     ap = job_config.auto_parallel

@@ -1,0 +1,248 @@
+"""Predicted against measured: auto and two expert recipes under TorchTitan's trainer, CPU ranks.
+
+First calibrates this machine's 4 gloo ranks (`titan-autopar calibrate --mesh 2,2`), then, for
+each config of the matrix below, trains three arms on 4 ranks with TorchTitan's own trainer:
+
+    fsdp     TorchTitan's recipe, dp_shard = 4                (auto = false)
+    fsdp_tp  TorchTitan's recipe, dp_shard = 2 x tp = 2       (auto = false)
+    auto     parallelism.auto = true on dp_shard = 4, priced with the calibrated profile
+
+Measured step time: the median over steps 2..N of rank 0's TorchTitan figures (local tokens /
+(tokens per second per device x tp)). Predicted: the auto plan's own step, its `recipes.fsdp`,
+and `recipes.fsdp_tp` of the same job planned on the 2x2 mesh (`titan-autopar plan --config`),
+all with the calibrated profile. Throughput is tokens/s per device (TorchTitan's tps).
+
+Prints a table per config and one JSON line:
+  mape                        mean |predicted - measured| / measured over every arm, in %
+  rank_agreement              share of configs whose predicted order of the three arms (by
+                              throughput) is the measured order
+  kendall_tau                 mean over configs of Kendall's tau between the two orders
+  auto_over_best_recipe_min/max  auto's measured throughput / the best recipe's, over configs
+  targets                     mape <= 20, rank_agreement >= 0.8, min >= 0.98, >= 2 configs >= 1.05
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fidelity.py [--steps 6] [--only llama3_s256_b2]
+
+About 25 minutes on 2 cores. The profile is left in out/fidelity/profile.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from titan_autopar.titan.ab import step_figures
+from titan_autopar.titan.config_check import read_toml
+from titan_autopar.titan.launch import failed_rank_lines, launch
+
+REPO = Path(__file__).resolve().parents[1]
+CFG = "train_configs/{}_debug_cpu_auto4.toml"
+
+# name, model config, TorchTitan overrides
+MATRIX = [
+    ("llama3_s256_b2", "llama3", []),
+    ("llama3_s512_b1", "llama3", ["--training.seq_len", "512", "--training.local_batch_size", "1"]),
+    ("llama3_s128_b4", "llama3", ["--training.seq_len", "128", "--training.local_batch_size", "4"]),
+    # few tokens, the same weights: weights dominate, where tensor parallelism should pay
+    ("llama3_s32_b1", "llama3", ["--training.seq_len", "32", "--training.local_batch_size", "1"]),
+    # auto held to the FSDP recipe's own predicted peak (set from the first config's plan)
+    ("llama3_s256_b2_budget", "llama3", []),
+    ("llama4_s256_b2", "llama4", []),
+    ("deepseek_v3_s256_b2", "deepseek_v3", []),
+    ("qwen3_s256_b2", "qwen3_moe", ["--model.flavor", "debugmodel"]),  # the dense, tied flavor
+]
+ARMS = {"fsdp": ["--parallelism.no-auto"],
+        "fsdp_tp": ["--parallelism.no-auto", "--parallelism.data_parallel_shard_degree", "2",
+                    "--parallelism.tensor_parallel_degree", "2"],
+        "auto": ["--parallelism.auto"]}
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return json.dumps(str(v))
+
+
+def write_job(base: dict, overrides: list[str], path: Path, **sections) -> Path:
+    """A copy of the base config with TorchTitan-style overrides ("--a.b", "v") and `sections`
+    ({"parallelism": {...}}) applied, as TOML (tables of scalars and lists only)."""
+    cfg = json.loads(json.dumps(base))
+    for k, v in zip(overrides[::2], overrides[1::2]):
+        sec, key = k.removeprefix("--").split(".", 1)
+        old = cfg.setdefault(sec, {}).get(key)
+        cfg[sec][key] = type(old)(v) if isinstance(old, (int, float)) and not isinstance(old, bool) else v
+    for sec, kv in sections.items():
+        cfg.setdefault(sec, {}).update(kv)
+    lines = []
+    for sec, kv in cfg.items():
+        lines.append(f"[{sec}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in kv.items()]
+        lines.append("")
+    path.write_text("\n".join(lines))
+    return path
+
+
+def measured_step(output: str, tokens: int, tp: int) -> tuple[float, float] | None:
+    """(median step seconds, median tokens/s per device) over steps 2.. of rank 0."""
+    fig = step_figures(output)
+    later = [f["tps"] for s, f in sorted(fig.items()) if s > 1]
+    if not later:
+        return None
+    tps = statistics.median(later)
+    return tokens / (tps * tp), tps
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    pairs = list(itertools.combinations(range(len(a)), 2))
+    s = sum((1 if (a[i] - a[j]) * (b[i] - b[j]) > 0 else -1) for i, j in pairs)
+    return s / len(pairs)
+
+
+def predict_2x2(job: Path, profile: Path, out: Path) -> dict:
+    out.unlink(missing_ok=True)
+    run = subprocess.run([sys.executable, "-m", "titan_autopar.cli", "plan", "--config", str(job),
+                          "--hardware", str(profile), "--out", str(out)],
+                         cwd=REPO, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"planning {job} on 2x2 failed:\n{run.stdout[-2000:]}{run.stderr[-2000:]}")
+    return json.loads(out.read_text())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--only", action="append", default=[])
+    ap.add_argument("--out", default="out/fidelity")
+    ap.add_argument("--profile", default="", help="use this profile instead of calibrating")
+    a = ap.parse_args()
+    out = (REPO / a.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    say = lambda s: print(f"[fidelity {time.perf_counter() - t0:6.0f}s] {s}", flush=True)  # noqa: E731
+    profile = Path(a.profile).resolve() if a.profile else out / "profile.json"
+    if not a.profile:
+        say("calibrating 4 ranks on a 2x2 mesh")
+        run = subprocess.run([sys.executable, "-m", "titan_autopar.cli", "calibrate", "--nproc", "4",
+                              "--mesh", "2,2", "--out", str(profile)], cwd=REPO,
+                             capture_output=True, text=True)
+        if run.returncode != 0:
+            raise SystemExit(f"calibration failed:\n{run.stdout[-3000:]}{run.stderr[-3000:]}")
+    rows, budget = [], None
+    for name, model, over in MATRIX:
+        if a.only and name not in a.only:
+            continue
+        base = read_toml(REPO / CFG.format(model))
+        d = out / name
+        d.mkdir(exist_ok=True)
+        t = base["training"]
+        lb = int(dict(zip(over[::2], over[1::2])).get("--training.local_batch_size", t["local_batch_size"]))
+        seq = int(dict(zip(over[::2], over[1::2])).get("--training.seq_len", t["seq_len"]))
+        extra_ap = {"hardware": str(profile), "save_plan": "plan.json"}
+        if name.endswith("_budget"):
+            if budget is None:
+                say(f"{name}: skipped (needs llama3_s256_b2 first for the FSDP recipe's peak)")
+                continue
+            extra_ap["memory_budget_gib"] = budget
+        job = write_job(base, over, d / "job.toml", auto_parallel=extra_ap,
+                        checkpoint={"enable": False}, metrics={"enable_tensorboard": False})
+        job2 = write_job(base, over, d / "job_2x2.toml", auto_parallel=extra_ap,
+                         parallelism={"data_parallel_shard_degree": 2, "tensor_parallel_degree": 2})
+        row = {"config": name, "tokens_per_rank": lb * seq, "arms": {}}
+        say(f"{name}: predicting fsdp_tp on 2x2")
+        try:
+            p2 = predict_2x2(job2, profile, d / "plan_2x2.json")
+            pred_tp = p2["recipes"].get("fsdp_tp", {}).get("step_time_s")
+        except RuntimeError as e:
+            pred_tp = None
+            say(str(e).splitlines()[0])
+        for arm, args in ARMS.items():
+            say(f"{name}: {arm}, {a.steps} steps on 4 ranks")
+            folder = d / arm
+            run = launch(job, 4, ["--job.dump_folder", str(folder), "--training.steps", str(a.steps),
+                                  *args], cwd=REPO, stream=False, timeout=1200)
+            tp = 2 if arm == "fsdp_tp" else 1
+            m = measured_step(run.stdout, lb * seq, tp) if run.returncode == 0 else None
+            r = {"ok": m is not None}
+            if m is None:
+                r["error"] = failed_rank_lines(run.stdout)[-600:]
+                say(f"{name}: {arm} failed: {r['error'].splitlines()[-1] if r['error'] else ''}")
+            else:
+                r["measured_step_s"], r["measured_tps"] = round(m[0], 4), m[1]
+            row["arms"][arm] = r
+        plan = json.loads((d / "auto" / "plan.json").read_text()) if (d / "auto" / "plan.json").exists() else None
+        if plan:
+            row["arms"]["auto"]["predicted_step_s"] = plan["predicted"]["step_time_s"]
+            row["arms"]["fsdp"]["predicted_step_s"] = plan["recipes"]["fsdp"]["step_time_s"]
+            if name == "llama3_s256_b2":
+                budget = round(plan["recipes"]["fsdp"]["peak_memory_gib"], 4)
+        if pred_tp is not None:
+            row["arms"]["fsdp_tp"]["predicted_step_s"] = pred_tp
+        for arm, r in row["arms"].items():
+            tp = 2 if arm == "fsdp_tp" else 1
+            if "predicted_step_s" in r:
+                r["predicted_tps"] = lb * seq / (r["predicted_step_s"] * tp)
+        rows.append(row)
+        say(f"{name}: " + "  ".join(
+            f"{arm} measured {r.get('measured_step_s', float('nan')):.3f}s predicted "
+            f"{r.get('predicted_step_s', float('nan')):.3f}s" for arm, r in row["arms"].items()))
+        (out / "rows.json").write_text(json.dumps(rows, indent=1))
+    return report(rows, profile)
+
+
+def report(rows: list[dict], profile: Path) -> int:
+    errs, agree, taus, ratios = [], [], [], {}
+    print(f"{'config':<24}{'arm':<9}{'predicted s':>12}{'measured s':>12}{'error %':>9}"
+          f"{'pred tps':>10}{'meas tps':>10}")
+    for row in rows:
+        arms = row["arms"]
+        for arm, r in arms.items():
+            p, m = r.get("predicted_step_s"), r.get("measured_step_s")
+            e = 100 * (p - m) / m if p and m else None
+            if e is not None:
+                errs.append(abs(e))
+            print(f"{row['config']:<24}{arm:<9}{p if p is None else f'{p:.3f}':>12}"
+                  f"{m if m is None else f'{m:.3f}':>12}{'' if e is None else f'{e:+.0f}':>9}"
+                  f"{r.get('predicted_tps', 0):>10.0f}{r.get('measured_tps', 0):>10.0f}")
+        full = [k for k, r in arms.items() if r.get("ok") and "predicted_tps" in r]
+        if len(full) == 3:
+            pt = [arms[k]["predicted_tps"] for k in full]
+            mt = [arms[k]["measured_tps"] for k in full]
+            tau = kendall_tau(pt, mt)
+            taus.append(tau)
+            agree.append(tau == 1.0)
+        rec = [arms[k]["measured_tps"] for k in ("fsdp", "fsdp_tp") if arms[k].get("ok")]
+        if arms["auto"].get("ok") and rec:
+            ratios[row["config"]] = arms["auto"]["measured_tps"] / max(rec)
+    res = {
+        "benchmark": "fidelity", "configs": len(rows), "profile": str(profile.name),
+        "mape": round(statistics.mean(errs), 1) if errs else None,
+        "rank_agreement": round(sum(agree) / len(agree), 2) if agree else None,
+        "kendall_tau": round(statistics.mean(taus), 2) if taus else None,
+        "auto_over_best_recipe_min": round(min(ratios.values()), 3) if ratios else None,
+        "auto_over_best_recipe_max": round(max(ratios.values()), 3) if ratios else None,
+        "auto_over_best_recipe": {k: round(v, 3) for k, v in ratios.items()},
+        "configs_auto_at_least_1.05": sum(v >= 1.05 for v in ratios.values()),
+        "arms_failed": [f"{r['config']}/{k}" for r in rows for k, x in r["arms"].items() if not x["ok"]],
+    }
+    res["targets_met"] = {
+        "mape<=20": res["mape"] is not None and res["mape"] <= 20,
+        "rank_agreement>=0.8": res["rank_agreement"] is not None and res["rank_agreement"] >= 0.8,
+        "auto>=0.98x_everywhere": res["auto_over_best_recipe_min"] is not None
+        and res["auto_over_best_recipe_min"] >= 0.98,
+        "auto>=1.05x_on_2": res["configs_auto_at_least_1.05"] >= 2,
+    }
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,70 @@
+"""The hardware a TorchTitan job under auto is priced for: a preset, a profile, or "calibrate".
+
+`[auto_parallel] hardware` takes a preset name (h100, h200, a100, b200, cpu), the path of a
+profile written by `titan-autopar calibrate`, or "calibrate". A profile must describe the
+machine the job runs on (`cost/profile.py check_machine`): one measured elsewhere, or with
+another number of ranks, is refused with what differs. "calibrate" measures the job's own ranks
+at start (`cost/calibrate.py`, about 20 s on CPU ranks) and keeps the profile in the cache folder
+by machine fingerprint, so the next job on the same machine reads it instead; every rank takes
+part in the measurement, rank 0 writes the file. Either way the plan records which profile
+priced it (`hardware.profile`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+import torch.distributed as dist
+
+from titan_autopar.cost.hardware import is_profile_path
+from titan_autopar.cost.profile import cached_profile_path, check_machine, machine_description
+
+CALIBRATE = "calibrate"
+
+
+def here(device: str) -> dict:
+    """This job's machine and rank layout, as a profile's `measured_on` names it."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    backend = dist.get_backend() if dist.is_initialized() else ("nccl" if device == "cuda" else "gloo")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return machine_description(device, backend, world, local, torch.get_num_threads())
+
+
+def job_device() -> str:
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return "cuda"
+    return "cpu"
+
+
+def resolve_hardware(job_config, log: logging.Logger | None = None) -> str:
+    """The preset name or profile path this job is priced with; sets it on `job_config` so the
+    planner, replay checks and predictions all read the same one. Every rank calls this."""
+    log = log or logging.getLogger("titan_autopar")
+    ap = job_config.auto_parallel
+    hw = str(ap.hardware)
+    if hw != CALIBRATE and not is_profile_path(hw):
+        return hw
+    device = job_device()
+    me = here(device)
+    if hw != CALIBRATE:
+        check_machine(hw, me)
+        return hw
+    path = cached_profile_path(me["fingerprint"])
+    have = [path.is_file()]
+    if dist.is_initialized():  # rank 0's answer for all, so every rank measures or none does
+        dist.broadcast_object_list(have, src=0)
+    if have[0]:
+        log.info(f"[titan_autopar] hardware: the profile calibrated on this machine, {path}")
+    else:
+        from titan_autopar.cost.calibrate import calibrate_and_write
+
+        log.info(f"[titan_autopar] hardware = \"calibrate\": measuring this job's "
+                 f"{me['world_size']} ranks (once per machine; kept in {path})")
+        say = (lambda s: log.info(f"[titan_autopar] calibrate: {s}")) \
+            if (not dist.is_initialized() or dist.get_rank() == 0) else None
+        world = me["world_size"]
+        calibrate_and_write(path, (world,), device, say)
+    ap.hardware = str(path)
+    return ap.hardware
