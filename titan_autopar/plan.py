@@ -252,7 +252,8 @@ def build_plan(pb, assign, price, *, fingerprint, mesh_names, hardware, budget, 
         if src == dst:
             continue
         t = pb.units[e.src].outs[e.out]
-        steps = redistribute_steps(pb.topo, real_numel(t), itemsize(t, pb.prec), src, dst)
+        steps = redistribute_steps(pb.topo, real_numel(t), itemsize(t, pb.prec), src, dst,
+                                   pb.bucket(e))
         for s in steps:
             collectives.append({
                 "producer": pb.units[e.src].param_name or pb.units[e.src].node.name,

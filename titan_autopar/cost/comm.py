@@ -4,7 +4,8 @@ Owns `Topology` (which mesh dims stay inside a node, and the bandwidth/latency e
 `redistribute_time` / `redistribute_steps`: the collectives that move a tensor from one N-D
 placement to another, priced per mesh dim. A mesh dim whose ranks all sit inside one node uses
 NVLink figures; one that crosses nodes is bound by the inter-node link. Ring-style bandwidth
-terms, a log-depth latency term; where a measured profile has a fitted curve for the collective
+terms, a log-depth latency term (a share of it for a parameter's collective that
+`apply/bucket.py` merges with the rest of its block's); where a measured profile has a fitted curve for the collective
 and group size (`Hardware.collective_fits`), that curve instead.
 """
 
@@ -39,14 +40,16 @@ class Topology:
         self.latency = [hw.intra_node_latency if a else hw.inter_node_latency for a in self.intra]
         self.fits = {(kind, k): (lat, spb) for kind, k, lat, spb in hw.collective_fits}
 
-    def collective_time(self, kind: str, dim: int, nbytes: float) -> float:
+    def collective_time(self, kind: str, dim: int, nbytes: float, latency_share: float = 1.0) -> float:
+        """Seconds of one collective; `latency_share` of its fixed latency is charged (a
+        collective merged with others into one pays a share of one latency)."""
         k = self.sizes[dim]
         if k <= 1 or nbytes <= 0:
             return 0.0
         fit = self.fits.get((kind, k))
         if fit is not None:  # measured on this machine (cost/calibrate.py)
-            return fit[0] + fit[1] * nbytes
-        bw, lat = self.bandwidth[dim], self.latency[dim] * math.ceil(math.log2(k))
+            return fit[0] * latency_share + fit[1] * nbytes
+        bw, lat = self.bandwidth[dim], self.latency[dim] * math.ceil(math.log2(k)) * latency_share
         frac = (k - 1) / k
         if kind == "all_reduce":
             return 2 * lat + 2 * frac * nbytes / bw
@@ -82,9 +85,16 @@ def transition(src: Placement, dst: Placement) -> str | None:
     return "all_gather"
 
 
+# the kinds `apply/bucket.py` merges per block when they move parameters or their gradients
+MERGED_PER_BLOCK = ("all_gather", "reduce_scatter")
+
+
 def redistribute_steps(
-    topo: Topology, numel: int, itemsize: int, src: tuple, dst: tuple
+    topo: Topology, numel: int, itemsize: int, src: tuple, dst: tuple, bucket: int = 1
 ) -> list[Step]:
+    """The collectives, per mesh dim; with `bucket` > 1 the tensor is a parameter (or its
+    gradient) moved together with `bucket` - 1 others of its block: a merged kind pays
+    1/bucket of a latency."""
     steps = []
     total = numel * itemsize
     for i, (s, d) in enumerate(zip(src, dst)):
@@ -98,11 +108,13 @@ def redistribute_steps(
             if j != i and (isinstance(sj, Shard) or isinstance(dj, Shard)):
                 shrink *= topo.sizes[j]
         nbytes = total / shrink
-        steps.append(Step(kind, i, nbytes, topo.collective_time(kind, i, nbytes)))
+        share = 1.0 / bucket if kind in MERGED_PER_BLOCK else 1.0
+        steps.append(Step(kind, i, nbytes, topo.collective_time(kind, i, nbytes, share)))
     return steps
 
 
-def redistribute_time(topo: Topology, numel: int, itemsize: int, src: tuple, dst: tuple) -> float:
+def redistribute_time(topo: Topology, numel: int, itemsize: int, src: tuple, dst: tuple,
+                      bucket: int = 1) -> float:
     if src == dst:
         return 0.0
-    return sum(s.seconds for s in redistribute_steps(topo, numel, itemsize, src, dst))
+    return sum(s.seconds for s in redistribute_steps(topo, numel, itemsize, src, dst, bucket))

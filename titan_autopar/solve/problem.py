@@ -137,6 +137,7 @@ class Problem:
         self.edges: list[Edge] = []
         self._unit_cache: dict[tuple, tuple[float, dict] | None] = {}
         self._edge_cache: dict[tuple, float] = {}
+        self._bucket_sizes: dict[str, int] | None = None
         self._region_comm: dict[tuple, float] = {}
         self.recompute = recompute
         self._build(builder)
@@ -373,9 +374,22 @@ class Problem:
         if hit is None:
             e = self.edges[ei]
             t = self.units[e.src].outs[e.out]
-            hit = e.weight * redistribute_time(self.topo, real_numel(t), itemsize(t, self.prec), src, dst)
+            hit = e.weight * redistribute_time(self.topo, real_numel(t), itemsize(t, self.prec),
+                                               src, dst, self.bucket(e))
             self._edge_cache[key] = hit
         return hit
+
+    def bucket(self, e: Edge) -> int:
+        """How many parameters move with `e`'s tensor in one merged collective: those of its
+        block (`apply/bucket.py`), for a parameter-side edge; 1 otherwise."""
+        if not e.param_side:
+            return 1
+        if self._bucket_sizes is None:
+            self._bucket_sizes = {}
+            for u in self.units:
+                if u.kind == "param":
+                    self._bucket_sizes[u.block] = self._bucket_sizes.get(u.block, 0) + 1
+        return max(1, self._bucket_sizes.get(self.edge_group(e), 1))
 
     def edge_group(self, e: Edge) -> str:
         """Overlap group of a parameter-side edge: the block its compute runs in."""

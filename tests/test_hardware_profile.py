@@ -1,0 +1,141 @@
+"""Hardware profiles: measured on real ranks, round-tripped, refused clearly when unusable, and
+named by the plans they price; and the picture of a plan."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from titan_autopar import Plan, plan_model
+from titan_autopar.cli import main
+from titan_autopar.cost.hardware import PRESETS, get_hardware
+from titan_autopar.cost.profile import (ProfileError, check_machine, hardware_from_profile,
+                                        machine_description, write_profile)
+
+REPO = Path(__file__).resolve().parents[1]
+QUIET = dict(progress=lambda s: None)
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> Path:
+    """`titan-autopar calibrate` on two real gloo ranks (torchrun)."""
+    out = tmp_path_factory.mktemp("profile") / "two_ranks.json"
+    run = subprocess.run([sys.executable, "-m", "titan_autopar.cli", "calibrate", "--nproc", "2",
+                          "--out", str(out)], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "wrote" in run.stdout and "GFLOP/s" in run.stdout
+    return out
+
+
+def test_calibration_measures_this_machine(measured):
+    doc = json.loads(measured.read_text())
+    assert doc["format"] == "titan_autopar.hardware_profile" and doc["version"] == 1
+    on = doc["measured_on"]
+    assert on["world_size"] == 2 and on["backend"] == "gloo" and on["threads"] == 1
+    hw = hardware_from_profile(measured)
+    # a CPU rank: well under a GPU's figures, and every figure measured (none left at 0)
+    assert 1e8 < hw.peak_fp32_flops < 1e13 and 1e8 < hw.hbm_bandwidth < 1e12
+    assert 0 < hw.launch_overhead < 1e-3 and hw.optimizer_time_per_element > 0
+    assert hw.attention_flops > 0 and hw.compute_efficiency == 1.0
+    kinds = {(k, n) for k, n, _, _ in hw.collective_fits}
+    assert kinds == {(k, 2) for k in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")}
+    for kind, n, lat, spb in hw.collective_fits:
+        points = doc["measurements"]["collectives"][f"{kind}/{n}"]
+        assert len(points) == 4 and lat >= 0 and spb > 0
+    assert hw.profile == f"{measured.name}#{on['fingerprint']}"
+
+
+def test_a_profile_round_trips(tmp_path):
+    hw = replace(PRESETS["cpu"], name="mine", collective_fits=(("all_gather", 4, 1e-3, 2e-9),
+                                                                ("all_reduce", 2, 2e-3, 1e-9)))
+    on = machine_description("cpu", "gloo", 4, 4, 1)
+    p = write_profile(tmp_path / "p.json", "mine", on, hw, {"note": "by hand"})
+    back = hardware_from_profile(p)
+    assert replace(back, profile="") == replace(hw, collective_fits=tuple(sorted(hw.collective_fits)))
+    assert get_hardware(str(p)) == back  # a path works wherever a preset name does
+    assert not list(tmp_path.glob(".*.tmp"))  # written to a temporary name, then renamed
+
+
+def _profile(tmp_path, edit) -> Path:
+    on = machine_description("cpu", "gloo", 4, 4, 1)
+    p = write_profile(tmp_path / "p.json", "mine", on, PRESETS["cpu"], {})
+    doc = json.loads(p.read_text())
+    edit(doc)
+    p.write_text(json.dumps(doc) if isinstance(doc, dict) else doc)
+    return p
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda d: d.update(version=0), "version is 0; this titan_autopar reads version 1 (the profile is stale)"),
+    (lambda d: d.update(format="x"), "not a hardware profile"),
+    (lambda d: d["hardware"].pop("peak_fp32_flops"), "hardware.peak_fp32_flops is missing"),
+    (lambda d: d["hardware"].update(hbm_bandwidth=-1), "hardware.hbm_bandwidth must be a number >= 0"),
+    (lambda d: d["hardware"].update(hbm_bandwidth="fast"), "hardware.hbm_bandwidth must be a number"),
+    (lambda d: d["hardware"].update(warp_speed=9), "hardware.warp_speed is not a figure"),
+    (lambda d: d["hardware"].update(collective_fits=[["all_gather", 1, 0, 0]]),
+     "hardware.collective_fits[0]"),
+    (lambda d: d.pop("measured_on"), "measured_on is missing"),
+])
+def test_a_malformed_or_stale_profile_says_which_field(tmp_path, edit, says):
+    p = _profile(tmp_path, edit)
+    with pytest.raises(ProfileError, match="titan-autopar calibrate") as e:
+        hardware_from_profile(p)
+    assert says in str(e.value) and str(p) in str(e.value)
+
+
+def test_not_json_and_missing_files_are_clear(tmp_path):
+    p = tmp_path / "p.json"
+    p.write_text("{not json")
+    with pytest.raises(ProfileError, match="is not JSON"):
+        get_hardware(str(p))
+    with pytest.raises(ProfileError, match="does not exist: give a preset name"):
+        get_hardware(str(tmp_path / "none.json"))
+
+
+def test_a_profile_of_another_machine_is_refused_saying_what_differs(tmp_path):
+    p = _profile(tmp_path, lambda d: None)
+    with pytest.raises(ProfileError, match="world_size: profile 4, this job 2"):
+        check_machine(p, machine_description("cpu", "gloo", 2, 2, 1))
+    check_machine(p, machine_description("cpu", "gloo", 4, 4, 1))  # its own machine: accepted
+
+
+def test_a_plan_records_its_profile_and_is_priced_by_it(tmp_path, mesh_of, debug_model):
+    model = debug_model("llama3")
+    mesh = mesh_of(("dp_shard",), (4,))
+    tokens = torch.zeros(4, 128, dtype=torch.long)
+    slow = replace(PRESETS["cpu"], collective_fits=tuple(
+        (k, 4, 0.5, 0.0) for k in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")))
+    on = machine_description("cpu", "gloo", 4, 4, 1)
+    p = write_profile(tmp_path / "slow_links.json", "slow-links", on, slow, {})
+    plan = plan_model(model, mesh, (tokens,), hardware=str(p), **QUIET)
+    hw = plan.data["hardware"]
+    assert hw["name"] == "slow-links" and hw["profile"] == f"slow_links.json#{on['fingerprint']}"
+    plan.save(tmp_path / "plan.json")
+    assert Plan.load(tmp_path / "plan.json").data["hardware"]["profile"] == hw["profile"]
+    # half a second per collective: the plan moves only parameters and gradients (FSDP), whose
+    # collectives are merged per block -- a block of 9 weights pays 1/9 of a latency each
+    assert plan.data["collectives"]
+    assert all(c["kind"] == "parameter" for c in plan.data["collectives"])
+    assert {c["seconds_each"] for c in plan.data["collectives"] if c["block"] == "layers.0"} \
+        == {round(0.5 / 9, 9)}
+
+
+def test_show_draws_a_plan(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    assert main(["plan", "--model", "llama3", "--flavor", "debugmodel", "--mesh",
+                 "dp_shard=2,tp=2", "--seq-len", "128", "--local-batch-size", "1",
+                 "--out", str(plan)]) == 0
+    png = tmp_path / "pic" / "plan.png"
+    assert main(["show", str(plan), "--out", str(png)]) == 0
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 30_000
+    assert main(["show", str(plan), "--out", str(tmp_path / "plan.txt")]) == 2
+    assert "give a .png file name" in capsys.readouterr().err
