@@ -168,7 +168,8 @@ def cmd_show(a) -> int:
 def cmd_ab(a) -> int:
     from titan_autopar.titan.ab import run_ab, table
 
-    res = run_ab(a.config, nproc=a.nproc, steps=a.steps, out_dir=a.out, twin=a.twin)
+    res = run_ab(a.config, nproc=a.nproc, steps=a.steps, out_dir=a.out, twin=a.twin,
+                 device=a.device)
     print(table(res))
     out = a.out or f"out/ab/{Path(a.config).stem}"
     print(f"[ab] wrote {out}/ab.json and {out}/ab.png")
@@ -241,13 +242,15 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="plan.png")
     p.set_defaults(fn=cmd_show)
     p = sub.add_parser("ab", help="train a TorchTitan config under auto and with its expert "
-                       "twin from one seed checkpoint (CPU ranks), and compare")
+                       "twin from one seed checkpoint (CPU ranks or GPUs), and compare")
     p.add_argument("--config", required=True, help="a TorchTitan TOML with the auto switch")
     p.add_argument("--twin", default=None, help="the expert-recipe config (default: the same "
                    "config with auto = false)")
     p.add_argument("--nproc", type=_positive(int), default=4)
     p.add_argument("--steps", type=_positive(int), default=20)
     p.add_argument("--out", default=None, help="output folder (default out/ab/<config name>)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cpu: gloo ranks; cuda: this node's GPUs with TorchTitan's own launcher")
     p.set_defaults(fn=cmd_ab)
     p = sub.add_parser("calibrate", help="measure this machine's ranks and write a hardware "
                        "profile that --hardware and [auto_parallel] hardware accept")

@@ -9,8 +9,14 @@ own recipe for the same degrees). It reads rank 0's per-step figures from TorchT
 starts empty (`fresh_folder`). The twin may be any TorchTitan config, with or without this
 package's config module. When an arm fails, the error is what its failing rank printed.
 
-Predicted figures are for the plan's hardware preset (e.g. H100); on CPU ranks they are not
-comparable to what is measured, which the table says.
+Each arm's predicted step time sits beside its measured one: auto's from its plan, the twin's
+from the plan's price of the matching recipe (`fsdp_tp` for a twin with tensor parallelism,
+else `fsdp`). With a profile of this machine (`hardware = "calibrate"` or a profile file) the
+table gives the prediction error; with a vendor preset (e.g. h100) the predictions are for that
+hardware and are not compared with what this machine measures, which the table says.
+
+`device = "cpu"` runs the arms on CPU ranks (gloo, `titan.launch`); `device = "cuda"` with
+TorchTitan's own entry point (`torchrun -m torchtitan.train`, NCCL) on the GPUs of this node.
 """
 
 from __future__ import annotations
@@ -51,11 +57,13 @@ def _check(run, what: str) -> None:
                            f"rank printed:\n{failed_rank_lines(run.stdout)}")
 
 
-def _summary(fig: dict[int, dict], tokens_per_step: int) -> dict:
+def _summary(fig: dict[int, dict], tokens_per_step: int, model_parallel: int = 1) -> dict:
+    """Rank 0's figures over steps 2..: TorchTitan's tps is local tokens per second divided by
+    the ranks that share them (tp x cp x pp), so a step takes tokens / (tps x those ranks)."""
     later = [f for s, f in sorted(fig.items()) if s > 1] or list(fig.values())
     tps = statistics.median(f["tps"] for f in later)
     return {"tokens_per_s_per_rank": round(tps, 1),
-            "step_time_s": round(tokens_per_step / tps, 4) if tps else None,
+            "step_time_s": round(tokens_per_step / (tps * model_parallel), 4) if tps else None,
             "peak_memory_gib": max(f["memory_gib"] for f in fig.values()),
             "final_loss": fig[max(fig)]["loss"]}
 
@@ -63,6 +71,17 @@ def _summary(fig: dict[int, dict], tokens_per_step: int) -> dict:
 def _tokens_per_step(cfg: dict) -> int:
     t = cfg.get("training", {})
     return int(t.get("local_batch_size", 8)) * int(t.get("seq_len", 2048))
+
+
+def _model_parallel(cfg: dict) -> int:
+    p = cfg.get("parallelism", {})
+    return (int(p.get("tensor_parallel_degree", 1)) * int(p.get("context_parallel_degree", 1))
+            * int(p.get("pipeline_parallel_degree", 1)))
+
+
+def twin_recipe(cfg: dict) -> str:
+    """The recipe of the planner's prices that a twin config runs."""
+    return "fsdp_tp" if int(cfg.get("parallelism", {}).get("tensor_parallel_degree", 1)) > 1 else "fsdp"
 
 
 def _has_switch(cfg: dict) -> bool:
@@ -95,9 +114,17 @@ def fresh_folder(out: Path, say=print) -> None:
 
 
 def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
-           cwd=None, say=print) -> dict:
+           cwd=None, say=print, device: str = "cpu") -> dict:
     """Seed, auto arm, recipe arm, then the summary (see the module docstring). Every argument
     is checked before anything runs."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device}: use cpu (gloo ranks) or cuda (this node's GPUs)")
+    if device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < nproc:
+            raise ValueError(f"--device cuda --nproc {nproc}: this machine has "
+                             f"{torch.cuda.device_count()} GPUs")
     if not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"--nproc {nproc}: give the number of CPU ranks, at least 1")
     if not isinstance(steps, int) or steps < 1:
@@ -123,7 +150,7 @@ def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
                              "--parallelism.tensor_parallel_degree", "1",
                              "--parallelism.expert_parallel_degree", "1",
                              "--parallelism.pipeline_parallel_degree", "1"],
-                 cwd=cwd, stream=False)
+                 cwd=cwd, stream=False, device=device)
     _check(run, "seed checkpoint")
     seed = out / "seed" / "checkpoint" / "step-0"
     common = ["--checkpoint.enable", "--checkpoint.initial_load_path", str(seed),
@@ -134,7 +161,7 @@ def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
     for name, (cfg_path, extra) in arms.items():
         say(f"[ab] {name}: {cfg_path}, {steps} steps on {nproc} ranks")
         run = launch(cfg_path, nproc, ["--job.dump_folder", str(out / name), *common, *extra],
-                     cwd=cwd, stream=False)
+                     cwd=cwd, stream=False, device=device)
         _check(run, name)
         figures[name] = step_figures(run.stdout)
         if not figures[name]:
@@ -142,12 +169,25 @@ def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
                                "the loss is printed by the last stage); its last lines:\n"
                                + "\n".join(run.stdout.splitlines()[-15:]))
     tokens = _tokens_per_step(cfg)
+    twin_cfg = read_toml(base / twin) if twin else cfg
     plan = json.loads((out / "auto" / "plan.json").read_text())
+    recipe = twin_recipe(twin_cfg)
+    auto_s = _summary(figures["auto"], tokens, _model_parallel(cfg))
+    rec_s = _summary(figures["recipe"], _tokens_per_step(twin_cfg), _model_parallel(twin_cfg))
+    measured_here = bool(plan["hardware"].get("profile"))
+    for arm, pred in (("auto", plan["predicted"]), ("recipe", plan["recipes"].get(recipe))):
+        summ = auto_s if arm == "auto" else rec_s
+        summ["predicted_step_time_s"] = round(pred["step_time_s"], 4) if pred else None
+        if pred and measured_here and summ["step_time_s"]:
+            summ["prediction_error_pct"] = round(
+                100 * (pred["step_time_s"] / summ["step_time_s"] - 1), 1)
     result = {
         "config": str(config), "twin": str(twin or f"{config} with auto = false"),
-        "ranks": nproc, "steps": steps,
-        "auto": _summary(figures["auto"], tokens), "recipe": _summary(figures["recipe"], tokens),
+        "ranks": nproc, "steps": steps, "device": device,
+        "auto": auto_s, "recipe": rec_s,
         "predicted": {"hardware": plan["hardware"].get("name"),
+                      "profile": plan["hardware"].get("profile", ""),
+                      "twin_recipe": recipe,
                       "auto_step_time_s": plan["predicted"]["step_time_s"],
                       "auto_peak_memory_gib": plan["predicted"]["peak_memory_gib"],
                       "recipes_step_time_s": {k: v["step_time_s"] for k, v in plan["recipes"].items()}},
@@ -165,7 +205,7 @@ def _plot(result: dict, figures: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4))
     for name, f in figures.items():
         steps = sorted(f)
         a.plot(steps, [f[s]["loss"] for s in steps], marker="o", label=name)
@@ -174,6 +214,15 @@ def _plot(result: dict, figures: dict, path: Path) -> None:
     b.set(xlabel="step", ylabel="tokens/s per rank", title="throughput")
     a.legend()
     b.legend()
+    arms = ("auto", "recipe")
+    x = range(len(arms))
+    meas = [result[k]["step_time_s"] or 0.0 for k in arms]
+    pred = [result[k].get("predicted_step_time_s") or 0.0 for k in arms]
+    c.bar([i - 0.2 for i in x], meas, width=0.4, label="measured")
+    c.bar([i + 0.2 for i in x], pred, width=0.4, label=f"predicted ({result['predicted']['hardware']})")
+    c.set_xticks(list(x), arms)
+    c.set(ylabel="seconds per step", title="step time: predicted against measured")
+    c.legend()
     fig.suptitle(f"{result['config']}: auto vs recipe, {result['ranks']} ranks")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -189,14 +238,22 @@ def table(result: dict) -> str:
         ("peak memory (GiB)", a["peak_memory_gib"], r["peak_memory_gib"]),
         ("final loss", a["final_loss"], r["final_loss"]),
     ]
+    p = result["predicted"]
+    rows.append(("predicted step (s)", a.get("predicted_step_time_s"), r.get("predicted_step_time_s")))
+    if p.get("profile"):
+        pct = lambda v: None if v is None else f"{v:+.1f}%"  # noqa: E731
+        rows.append(("prediction error", pct(a.get("prediction_error_pct")),
+                     pct(r.get("prediction_error_pct"))))
     lines = [f"{k:<20}{x!s:>14}{y!s:>14}" for k, x, y in rows]
     lines.append("loss per step:")
     for s, la in result["loss"]["auto"].items():
         lr = result["loss"]["recipe"].get(s)
         lines.append(f"  {s:>4}  {la:>10.5f}  {lr if lr is None else f'{lr:.5f}':>10}")
-    p = result["predicted"]
+    whose = (f"measured on this machine: profile {p['profile']}" if p.get("profile")
+             else "the preset's figures, not this machine's: set [auto_parallel] hardware = "
+             "\"calibrate\" to compare")
     lines.append(f"predicted on {p['hardware']}: auto step {p['auto_step_time_s'] * 1e3:.2f} ms, "
                  f"peak {p['auto_peak_memory_gib']:.2f} GiB; recipes "
                  + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in p["recipes_step_time_s"].items())
-                 + " (the preset's figures, not this machine's)")
+                 + f" (the twin runs {p.get('twin_recipe', 'fsdp')}; {whose})")
     return "\n".join(lines)

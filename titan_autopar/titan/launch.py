@@ -1,4 +1,5 @@
-"""Launch TorchTitan training on CPU ranks as a subprocess, and read back what it measured.
+"""Launch TorchTitan training on CPU ranks (or this node's GPUs) as a subprocess, and read back
+what it measured.
 
 Owns `launch`: torchrun over `python -m titan_autopar.titan.cpu` (see `titan.cpu`) with
 OMP_NUM_THREADS=1, every rank's output tagged "[rankN]:", captured and optionally streamed; and
@@ -26,21 +27,25 @@ _ROOT_CAUSE = re.compile(r"Root Cause.*?\n.*?rank\s*:\s*(\d+)", re.S)
 _RANK_LINE = re.compile(r"^\[rank(\d+)\]:(.*)$")
 
 
+ENTRY = {"cpu": "titan_autopar.titan.cpu", "cuda": "torchtitan.train"}
+
+
 def torchrun_command(config: str | os.PathLike, nproc: int, extra_args=(),
-                     log_dir: str | None = None) -> list[str]:
-    """The command line `launch` runs: torchrun, one process per CPU rank, on a free port;
-    torchrun keeps its per-rank log copies in `log_dir` (default: a new temporary folder)."""
+                     log_dir: str | None = None, device: str = "cpu") -> list[str]:
+    """The command line `launch` runs: torchrun, one process per rank, on a free port;
+    torchrun keeps its per-rank log copies in `log_dir` (default: a new temporary folder). CPU
+    ranks run through `titan.cpu`; GPUs through TorchTitan's own `torchtitan.train`."""
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, got {nproc}")
     logs = ["--log-dir", log_dir] if log_dir else []
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc_per_node={nproc}", "--role", "rank", "--tee", "3", *logs,
-            "-m", "titan_autopar.titan.cpu", "--job.config_file", str(config), *extra_args]
+            "-m", ENTRY[device], "--job.config_file", str(config), *extra_args]
 
 
 def launch(config: str | os.PathLike, nproc: int = 4, extra_args=(), env=None, *,
            cwd: str | os.PathLike | None = None, stream: bool = True,
-           timeout: float | None = None, on_line=None) -> subprocess.CompletedProcess:
+           timeout: float | None = None, on_line=None, device: str = "cpu") -> subprocess.CompletedProcess:
     """Train with TorchTitan on `nproc` CPU ranks; returns the finished process, output in
     `.stdout` (stderr merged). `extra_args` are TorchTitan overrides ("--training.steps", "5");
     `env` adds to this process's environment. Past `timeout` seconds the whole run is stopped
@@ -49,8 +54,9 @@ def launch(config: str | os.PathLike, nproc: int = 4, extra_args=(), env=None, *
     if not Path(cwd or ".", config).is_file():
         raise FileNotFoundError(f"no TorchTitan config at {config} (relative to {cwd or '.'})")
     with tempfile.TemporaryDirectory(prefix="titan_autopar_torchrun_") as log_dir:
-        cmd = torchrun_command(config, nproc, extra_args, log_dir=log_dir)
-        run_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+        cmd = torchrun_command(config, nproc, extra_args, log_dir=log_dir, device=device)
+        one_thread = {"OMP_NUM_THREADS": "1"} if device == "cpu" else {}
+        run_env = {**os.environ, **one_thread, **(env or {})}
         return _run(cmd, cwd, run_env, stream, timeout, on_line)
 
 
