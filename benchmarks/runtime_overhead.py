@@ -6,8 +6,10 @@ TorchTitan's `apply_fsdp` (FSDP2 `fully_shard` per block and at the root), model
 4-rank dim). Both start from the same weights and train on the same batches with the same
 global-mean cross-entropy; steps alternate A, B, A, B so that the shared machine's noise falls on
 both. Prints one JSON line: median step times, their ratio (target <= 1.10) and both final losses.
+With `--compile` a third model runs the same plan with its graphs through torch.compile
+(inductor, C++ on CPU): its step time over the uncompiled plan's and the largest loss difference.
 
-    .venv/bin/python benchmarks/runtime_overhead.py [--steps 8] [--batch 8] [--seq 256]
+    .venv/bin/python benchmarks/runtime_overhead.py [--steps 8] [--batch 8] [--seq 256] [--compile]
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def _profile(model, x, y, key: str, out_dir: str | None) -> None:
 
 
 def worker(rank: int, plan_path: str, out_dir: str, steps: int, batch: int, seq: int,
-           profile: bool = False) -> None:
+           profile: bool = False, compiled: bool = False) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torchtitan.models.llama3.infra.parallelize import apply_fsdp
 
@@ -69,18 +71,26 @@ def worker(rank: int, plan_path: str, out_dir: str, steps: int, batch: int, seq:
     with torch.no_grad():  # the same starting weights (FSDP's DTensor init draws per shard)
         for p, q in zip(recipe.parameters(), planned.parameters()):
             p.to_local().copy_(local_slice(q.full_tensor(), mesh, p.placements))
+    models = {"fsdp": recipe, "autopar": planned}
+    if compiled:  # the same plan, its graphs through torch.compile (inductor)
+        again = apply_plan(_model(seq), Plan.load(plan_path), mesh, progress=lambda s: None)
+        init_titan(again)
+        with torch.no_grad():
+            for p, q in zip(again.parameters(), planned.parameters()):
+                p.to_local().copy_(q.to_local())
+        again.autopar.compile()
+        models["compiled"] = again
 
     local = batch // WORLD
     g = torch.Generator().manual_seed(3)
     data = [torch.randint(0, 2048, (batch, seq + 1), generator=g) for _ in range(steps)]
-    opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-3)
-            for k, m in (("fsdp", recipe), ("autopar", planned))}
-    times: dict[str, list[float]] = {"fsdp": [], "autopar": []}
-    losses: dict[str, list[float]] = {"fsdp": [], "autopar": []}
+    opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-3) for k, m in models.items()}
+    times: dict[str, list[float]] = {k: [] for k in models}
+    losses: dict[str, list[float]] = {k: [] for k in models}
     for step, batch_tokens in enumerate(data):
         mine = batch_tokens[rank * local:(rank + 1) * local]
         x, y = mine[:, :-1], mine[:, 1:]
-        for key, model in (("fsdp", recipe), ("autopar", planned)):
+        for key, model in models.items():
             torch.distributed.barrier()
             t = time.perf_counter()
             logits = model(x)
@@ -92,11 +102,11 @@ def worker(rank: int, plan_path: str, out_dir: str, steps: int, batch: int, seq:
             opts[key].step()
             opts[key].zero_grad()
             torch.distributed.barrier()
-            if step > 0:  # the first step warms up
+            if step > 0:  # the first step warms up (and compiles)
                 times[key].append(time.perf_counter() - t)
             if profile and step == 2:  # every rank runs it (collectives), rank 0 writes
                 _profile(model, x, y, key, out_dir if rank == 0 else None)
-            losses[key].append(loss.item() * (WORLD if key == "autopar" else 1))
+            losses[key].append(loss.item() * (1 if key == "fsdp" else WORLD))
     if rank == 0:
         write_result(out_dir, "overhead", {"times": times, "losses": losses})
 
@@ -108,6 +118,8 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--profile", metavar="DIR", help="also write rank 0's op profile of each "
                     "model to DIR/profile_<fsdp|autopar>.txt")
+    ap.add_argument("--compile", action="store_true", help="also run the plan with its graphs "
+                    "through torch.compile (inductor): step-time ratio and loss parity")
     a = ap.parse_args()
 
     from titan_autopar import plan_model
@@ -120,7 +132,8 @@ def main() -> None:
                           progress=lambda s: None)
         torch.distributed.destroy_process_group()
         plan.save(f"{tmp}/plan.json")
-        run_ranks(worker, WORLD, f"{tmp}/plan.json", tmp, a.steps, a.batch, a.seq, bool(a.profile))
+        run_ranks(worker, WORLD, f"{tmp}/plan.json", tmp, a.steps, a.batch, a.seq, bool(a.profile),
+                  a.compile)
         res = read_result(tmp, "overhead")
         if a.profile:
             Path(a.profile).mkdir(parents=True, exist_ok=True)
@@ -128,12 +141,18 @@ def main() -> None:
                 Path(a.profile, f"profile_{k}.txt").write_text(Path(tmp, f"profile_{k}.txt").read_text())
     fsdp = statistics.median(res["times"]["fsdp"])
     auto = statistics.median(res["times"]["autopar"])
+    extra = {}
+    if a.compile:
+        comp = statistics.median(res["times"]["compiled"])
+        extra = {"compiled_step_s": round(comp, 4), "compiled_over_autopar": round(comp / auto, 3),
+                 "compiled_worst_loss_diff": max(abs(x - y) for x, y in zip(
+                     res["losses"]["compiled"], res["losses"]["autopar"]))}
     print(json.dumps({
         "benchmark": "runtime_overhead", "model": "llama3 debugmodel", "ranks": WORLD,
         "batch": a.batch, "seq": a.seq, "steps_timed": len(res["times"]["fsdp"]),
         "fsdp_step_s": round(fsdp, 4), "autopar_step_s": round(auto, 4),
         "ratio": round(auto / fsdp, 3), "target_ratio": 1.10,
-        "final_loss": {k: round(v[-1], 5) for k, v in res["losses"].items()},
+        "final_loss": {k: round(v[-1], 5) for k, v in res["losses"].items()}, **extra,
     }))
 
 

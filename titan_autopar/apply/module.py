@@ -9,7 +9,8 @@
 - `model.forward` runs `ParallelProgram`: the forward graph under an autograd Function whose
   backward runs the backward graph; the gradients land on the DTensor parameters in their own
   placements, so AdamW, `clip_grad_norm_` and DCP see ordinary DTensor parameters;
-- `model.autopar` is that program, to inspect: its graphs, saved values, collectives.
+- `model.autopar` is that program, to inspect: its graphs, saved values, collectives; and
+  `model.autopar.compile()` runs its graphs through torch.compile (inductor).
 
 Runtime convention: each input arrives as the local shard its input placement implies and the
 output leaves as the local shard of its output placement; a floating-point input that requires
@@ -32,7 +33,7 @@ from titan_autopar.apply.partition import Split
 class _Step(torch.autograd.Function):
     @staticmethod
     def forward(ctx, program: "ParallelProgram", *flat):
-        res = program.split.forward(*flat)
+        res = program.run_forward(*flat)
         ctx.program = program
         ctx.save_for_backward(*res[1:])
         return res[0]
@@ -40,7 +41,7 @@ class _Step(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         program = ctx.program
-        grads = program.split.backward(*ctx.saved_tensors, grad.contiguous())
+        grads = program.run_backward(*ctx.saved_tensors, grad.contiguous())
         input_grads = [None] * program.n_inputs
         for k, g in zip(program.grad_inputs, grads[program.n_params:]):
             input_grads[k] = g
@@ -66,6 +67,25 @@ class ParallelProgram:
         # manual regions run their own code in this program's graphs
         self.runners = build_runners(model, jg.manual_regions, mesh)
         bind_runners([split.forward, split.backward, split.inference], self.runners)
+        # what runs: the graphs themselves, or their compiled forms (`compile`)
+        self.run_forward, self.run_backward = split.forward, split.backward
+        self.run_inference = split.inference
+        self.compiled: str | None = None
+
+    def compile(self, backend: str = "inductor") -> None:
+        """torch.compile the forward, backward and inference graphs (inductor: C++ on CPU,
+        Triton on GPU), each as one whole graph of fixed shapes; the functional collectives in
+        them compile too. The plan's placements and values do not change, only how the local
+        ops run. A program with manual regions is refused: a region runs its own eager,
+        possibly data-dependent code inside the graphs."""
+        if self.runners:
+            raise ValueError("torch.compile of a plan with manual regions (" + ", ".join(
+                sorted(self.runners)) + ") is not supported yet: set [compile] enable = false")
+        opts = dict(backend=backend, dynamic=False, fullgraph=True)
+        self.run_forward = torch.compile(self.split.forward, **opts)
+        self.run_backward = torch.compile(self.split.backward, **opts)
+        self.run_inference = torch.compile(self.split.inference, **opts)
+        self.compiled = backend
 
     # ------------------------------------------------------------------ running
     def _buffer_local(self, b: torch.Tensor, placements) -> torch.Tensor:
@@ -94,7 +114,7 @@ class ParallelProgram:
         flat = [*p_locals, *b_locals, *inputs]
         if torch.is_grad_enabled() and any(t.requires_grad for t in (*p_locals, *inputs)):
             return _Step.apply(self, *flat)
-        return self.split.inference(*flat)[0]
+        return self.run_inference(*flat)[0]
 
     # ------------------------------------------------------------------ inspecting
     def collectives(self) -> dict[str, int]:

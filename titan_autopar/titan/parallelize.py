@@ -342,4 +342,9 @@ def plan_and_apply(model, parallel_dims, job_config):
     for line in plan.explain().splitlines()[:6]:
         log.info(f"[titan_autopar] {line}")
     model = apply_plan(model, plan, mesh, progress=lambda s: log.info(f"[titan_autopar] {s}"))
+    comp = job_config.compile
+    if comp.enable and "model" in comp.components:
+        model.autopar.compile()
+        log.info("[titan_autopar] [compile] the plan's forward and backward graphs go through "
+                 "torch.compile (inductor); the first step compiles them")
     return model
