@@ -9,6 +9,7 @@ there.
 from __future__ import annotations
 
 import itertools
+import math
 
 from titan_autopar.cost.hardware import GiB
 from titan_autopar.solve.problem import Problem
@@ -39,22 +40,36 @@ def memory_floor(pb: Problem, top: int = 5) -> tuple[float, list[tuple[str, floa
     return total, parts[:top]
 
 
+def gib(x: float) -> str:
+    """Bytes as GiB to three significant digits."""
+    return f"{x / GiB:.3g}"
+
+
+def gib_up(x: float) -> str:
+    """Bytes as GiB to three significant digits, rounded up: a budget that big fits `x`."""
+    v = x / GiB
+    if v <= 0:
+        return "0"
+    k = max(0, 2 - math.floor(math.log10(v)))
+    return f"{math.ceil(v * 10**k - 1e-9) / 10**k:.{k}f}"
+
+
 class MemoryBudgetError(ValueError):
     def __init__(self, budget: float, floor: float, top: list[tuple[str, float]], found: float):
         self.budget, self.floor, self.top, self.found = budget, floor, top, found
-        biggest = ", ".join(f"{n} {b / GiB:.2f} GiB" for n, b in top)
+        biggest = ", ".join(f"{n} {gib(b)} GiB" for n, b in top)
         if floor <= budget:
             super().__init__(
-                f"the planner found no plan within {budget / GiB:.2f} GiB per rank (its best needs "
-                f"{found / GiB:.2f} GiB), though placements down to {floor / GiB:.2f} GiB exist. "
-                f"Raise memory_budget_gib to {found / GiB:.2f}, or give time_limit_s more time. "
+                f"the planner found no plan within {gib(budget)} GiB per rank (its best needs "
+                f"{gib(found)} GiB), though placements down to {gib(floor)} GiB exist. "
+                f"Raise memory_budget_gib to {gib_up(found)}, or give time_limit_s more time. "
                 f"Largest contributors at the floor: {biggest}."
             )
             return
         super().__init__(
-            f"no plan fits a memory budget of {budget / GiB:.2f} GiB per rank: even with every "
+            f"no plan fits a memory budget of {gib(budget)} GiB per rank: even with every "
             f"parameter and saved activation at its most-sharded placement a rank needs "
-            f"{floor / GiB:.2f} GiB. Raise memory_budget_gib to at least {floor / GiB:.2f}, use "
+            f"{gib(floor)} GiB. Raise memory_budget_gib to at least {gib_up(floor)}, use "
             f"more ranks, or shrink the batch or sequence. Largest contributors at that floor: "
             f"{biggest}."
         )
