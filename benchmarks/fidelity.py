@@ -21,6 +21,8 @@ Prints a table per config and one JSON line:
   targets                     mape <= 20, rank_agreement >= 0.8, min >= 0.98, >= 2 configs >= 1.05
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fidelity.py [--steps 6] [--only llama3_s256_b2]
+    # run some configs again, keeping the others' rows and the same profile:
+    ... fidelity.py --profile out/fidelity/profile.json --resume --only A --only B
 
 About 25 minutes on 2 cores. The profile is left in out/fidelity/profile.json.
 """
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -123,6 +126,8 @@ def main() -> int:
     ap.add_argument("--only", action="append", default=[])
     ap.add_argument("--out", default="out/fidelity")
     ap.add_argument("--profile", default="", help="use this profile instead of calibrating")
+    ap.add_argument("--resume", action="store_true", help="keep the rows of --out/rows.json and "
+                    "run only the configs named by --only (with the same --profile)")
     a = ap.parse_args()
     out = (REPO / a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -137,6 +142,9 @@ def main() -> int:
         if run.returncode != 0:
             raise SystemExit(f"calibration failed:\n{run.stdout[-3000:]}{run.stderr[-3000:]}")
     rows, budget = [], None
+    if a.resume:
+        rows = [r for r in json.loads((out / "rows.json").read_text()) if r["config"] not in a.only]
+        budget = next((r.get("budget_gib") for r in rows if r["config"] == "llama3_s256_b2"), None)
     for name, model, over in MATRIX:
         if a.only and name not in a.only:
             continue
@@ -182,19 +190,25 @@ def main() -> int:
         if plan:
             row["arms"]["auto"]["predicted_step_s"] = plan["predicted"]["step_time_s"]
             row["arms"]["fsdp"]["predicted_step_s"] = plan["recipes"]["fsdp"]["step_time_s"]
-            if name == "llama3_s256_b2":
-                budget = round(plan["recipes"]["fsdp"]["peak_memory_gib"], 4)
+            if name == "llama3_s256_b2":  # 2% above the recipe's peak: as lean as FSDP
+                budget = math.ceil(plan["recipes"]["fsdp"]["peak_memory_gib"] * 1.02e4) / 1e4
+                row["budget_gib"] = budget
         if pred_tp is not None:
             row["arms"]["fsdp_tp"]["predicted_step_s"] = pred_tp
         for arm, r in row["arms"].items():
             tp = 2 if arm == "fsdp_tp" else 1
             if "predicted_step_s" in r:
                 r["predicted_tps"] = lb * seq / (r["predicted_step_s"] * tp)
+        if "memory_budget_gib" in extra_ap:
+            row["budget_gib"] = extra_ap["memory_budget_gib"]
         rows.append(row)
         say(f"{name}: " + "  ".join(
             f"{arm} measured {r.get('measured_step_s', float('nan')):.3f}s predicted "
             f"{r.get('predicted_step_s', float('nan')):.3f}s" for arm, r in row["arms"].items()))
         (out / "rows.json").write_text(json.dumps(rows, indent=1))
+    order = [m[0] for m in MATRIX]
+    rows.sort(key=lambda r: order.index(r["config"]))
+    (out / "rows.json").write_text(json.dumps(rows, indent=1))
     return report(rows, profile)
 
 
@@ -209,8 +223,8 @@ def report(rows: list[dict], profile: Path) -> int:
             e = 100 * (p - m) / m if p and m else None
             if e is not None:
                 errs.append(abs(e))
-            print(f"{row['config']:<24}{arm:<9}{p if p is None else f'{p:.3f}':>12}"
-                  f"{m if m is None else f'{m:.3f}':>12}{'' if e is None else f'{e:+.0f}':>9}"
+            print(f"{row['config']:<24}{arm:<9}{'-' if p is None else f'{p:.3f}':>12}"
+                  f"{'failed' if m is None else f'{m:.3f}':>12}{'' if e is None else f'{e:+.0f}':>9}"
                   f"{r.get('predicted_tps', 0):>10.0f}{r.get('measured_tps', 0):>10.0f}")
         full = [k for k, r in arms.items() if r.get("ok") and "predicted_tps" in r]
         if len(full) == 3:
