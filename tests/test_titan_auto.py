@@ -91,6 +91,12 @@ def test_auto_trains_like_the_fsdp_recipe(trained):
     plan = json.loads((root / "auto" / "plan.json").read_text())  # [auto_parallel] save_plan
     assert plan["mesh"] == {"names": ["dp_shard"], "shape": [4], "crosses_nodes": [False]}
     assert len(plan["parameters"]) == 2 + 6 * 9 + 1
+    # hardware = "calibrate": priced for these 4 ranks as measured, once per machine (cached)
+    hw = plan["hardware"]
+    assert hw["name"] == "cpu-gloo-4x1t" and hw["profile"].endswith(".json#" + hw["profile"][-16:])
+    assert hw["compute_efficiency"] == 1.0 and len(hw["collective_fits"]) == 4
+    assert ("measuring this job's 4 ranks" in losses["auto_log"]
+            or "the profile calibrated on this machine" in losses["auto_log"])
     assert "[titan_autopar] [apply] program built" in losses["auto_log"]
     assert "[titan_autopar]" not in losses["fsdp_log"]  # auto = false changes nothing
     # the plan's predictions sit beside TorchTitan's measured figures in TensorBoard
@@ -205,12 +211,13 @@ def test_moe_models_train_under_auto(model, tmp_path):
 
 
 ONE_RANK = ["--parallelism.data_parallel_shard_degree", "1"]  # what does not need four
+CPU_PRESET = ["--auto_parallel.hardware", "cpu"]  # no calibration of a one-rank job
 
 
 @pytest.mark.parametrize("nproc, args, says", [
     (1, ["--auto_parallel.hardware", "tpu9", *ONE_RANK], "unknown hardware"),
-    (1, ["--auto_parallel.plan_file", "no/such/plan.json", *ONE_RANK], "does not exist"),
-    (1, ["--auto_parallel.memory_budget_gib", "0.001", *ONE_RANK], "budget"),
+    (1, ["--auto_parallel.plan_file", "no/such/plan.json", *ONE_RANK, *CPU_PRESET], "does not exist"),
+    (1, ["--auto_parallel.memory_budget_gib", "0.001", *ONE_RANK, *CPU_PRESET], "budget"),
     (4, ["--parallelism.tensor_parallel_degree", "2"], "set data_parallel_shard_degree = 2"),
 ])
 def test_bad_auto_configs_say_what_to_change(nproc, args, says, tmp_path):
