@@ -139,3 +139,21 @@ def test_show_draws_a_plan(tmp_path, capsys):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 30_000
     assert main(["show", str(plan), "--out", str(tmp_path / "plan.txt")]) == 2
     assert "give a .png file name" in capsys.readouterr().err
+
+
+def test_plan_ahead_of_a_calibrating_job(tmp_path, monkeypatch, capsys):
+    """`plan --config` of a job that says hardware = "calibrate": the profile the job's ranks
+    measured on this machine (from the cache), or an error saying how to get one."""
+    from titan_autopar.cost.profile import cached_profile_path
+
+    monkeypatch.setenv("TITAN_AUTOPAR_CACHE", str(tmp_path / "cache"))
+    cfg = str(REPO / "train_configs/llama3_debug_cpu_auto4.toml")
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--config", cfg, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert 'hardware = "calibrate" measures the job\'s ranks when it runs' in err
+    assert "titan-autopar calibrate --nproc 4" in err and not out.exists()
+    on = machine_description("cpu", "gloo", 4, 4, 1)
+    write_profile(cached_profile_path(on["fingerprint"]), "cached-here", on, PRESETS["cpu"], {})
+    assert main(["plan", "--config", cfg, "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["hardware"]["name"] == "cached-here"

@@ -91,6 +91,23 @@ def fake_mesh(names, sizes):
     return init_device_mesh("cpu", tuple(sizes), mesh_dim_names=tuple(names))
 
 
+def _calibrated_here(config, world: int) -> str:
+    """A job's `hardware = "calibrate"` planned ahead: the profile its ranks measured on this
+    machine, if one is cached; else say how to make one."""
+    from titan_autopar.cost.profile import cached_profile_path, machine_description
+
+    here = machine_description("cpu", "gloo", world, world, 1)
+    path = cached_profile_path(here["fingerprint"])
+    if path.is_file():
+        print(f"[hardware] {config} says \"calibrate\": using the profile of this machine's "
+              f"{world} CPU ranks, {path}", flush=True)
+        return str(path)
+    raise ValueError(f"{config}: [auto_parallel] hardware = \"calibrate\" measures the job's "
+                     "ranks when it runs, and none has run on this machine yet. To plan it here, "
+                     f"give --hardware profile.json (from `titan-autopar calibrate --nproc {world} "
+                     "--out profile.json`) or a preset such as --hardware cpu")
+
+
 def cmd_plan(a) -> int:
     check_out_path(a.out, a.force)
     import torch
@@ -110,6 +127,8 @@ def cmd_plan(a) -> int:
         a.param_dtype = job.param_dtype or "float32"  # the job computes in fp32: priced so
         a.mesh = ",".join(f"{n}={s}" for n, s in zip(job.mesh_names, job.mesh_sizes))
     a.hardware = a.hardware or "h100"
+    if a.hardware == "calibrate":
+        a.hardware = _calibrated_here(a.config, job.world_size if a.config else 1)
     names, sizes = parse_mesh(a.mesh)
     t0 = time.perf_counter()
     say = lambda s: print(f"[{time.perf_counter() - t0:6.1f}s] {s}", flush=True)  # noqa: E731
