@@ -5,8 +5,8 @@ block is a "torchtitan_ep" manual region: TorchTitan's ExpertParallel inside, th
 - deepseek_v3, ep = 2 (mesh dp_shard 2 x ep 2): 3 steps of losses within 1e-4 relative of the
   recipe's; then each run's step-2 checkpoint resumes under the other (auto -> recipe, recipe ->
   auto) and both train step 3 as the uninterrupted runs did.
-- llama4, ep = 4 (mesh ep 4): 2 steps within 1e-4.
-The full matrix (three models, ep 2 and 4, 10 steps) is `benchmarks/moe_parity.py`.
+The full matrix (deepseek_v3, llama4 and qwen3, ep 2 and 4, 10 steps, checkpoints crossing) is
+`benchmarks/moe_parity.py`; llama4 (ep 4 is an `ep`-only mesh) runs there, not in CI.
 """
 
 from __future__ import annotations
@@ -84,16 +84,6 @@ def test_deepseek_ep2_trains_like_the_recipe_and_checkpoints_cross(tmp_path):
     for got in resumed.values():
         assert sorted(got) == [3], resumed
         assert worst_rel(got, {3: auto[3]}) <= REL_TOL, (resumed, auto)
-
-
-def test_llama4_ep4_trains_like_the_recipe(tmp_path):
-    seed = seed_checkpoint("llama4", tmp_path)
-    losses = train_pair("llama4", 4, 2, tmp_path, seed, interval=10)
-    auto, recipe = losses["auto"], losses["recipe"]
-    print("llama4 ep=4 auto", auto, "recipe", recipe)
-    assert sorted(auto) == [1, 2] and worst_rel(auto, recipe) <= REL_TOL, (auto, recipe)
-    plan = json.loads((tmp_path / "auto" / "plan.json").read_text())
-    assert plan["mesh"]["names"] == ["ep"] and plan["mesh"]["shape"] == [4]
 
 
 @pytest.mark.parametrize("args, says", [
