@@ -53,9 +53,10 @@ def _time(fn, device: str, reps: int = 10) -> float:
     return (time.perf_counter() - t0) / reps
 
 
-def _predict(hw, flops: float, nbytes: float, attention: bool) -> float:
-    rate = hw.attention_flops if attention and hw.attention_flops else \
-        hw.peak_bf16_flops * hw.compute_efficiency
+def _predict(hw, flops: float, nbytes: float, attention: bool, itemsize: int = 2) -> float:
+    """As `cost/compute.py` prices an op: the bf16 peak for 2-byte elements, fp32's otherwise."""
+    peak = hw.peak_bf16_flops if itemsize <= 2 else hw.peak_fp32_flops
+    rate = hw.attention_flops if attention and hw.attention_flops else peak * hw.compute_efficiency
     return hw.launch_overhead + max(flops / rate, nbytes / hw.hbm_bandwidth)
 
 
@@ -94,8 +95,8 @@ def main() -> int:
         for part, (fn, (p, q, r)) in calls.items():
             flops, nbytes = 2.0 * p * q * r, size * (p * q + q * r + p * r)
             rows[f"{name}.{part}"] = {"measured_s": _time(fn, dev),
-                                      "profile_s": _predict(measured_hw, flops, nbytes, False),
-                                      "preset_s": _predict(preset, flops, nbytes, False)}
+                                      "profile_s": _predict(measured_hw, flops, nbytes, False, size),
+                                      "preset_s": _predict(preset, flops, nbytes, False, size)}
     h, d = L["heads"], L["head_dim"]
     q, k, v = (torch.randn(1, h, T, d, device=dev, dtype=dt, requires_grad=True) for _ in range(3))
     go = torch.randn(1, h, T, d, device=dev, dtype=dt)
@@ -106,8 +107,8 @@ def main() -> int:
     flops = 4.0 * h * T * T * d / 2 * (1 + 2.5)
     nbytes = size * 4 * h * T * d * 3
     rows["attention.fwd+bwd"] = {"measured_s": _time(attn, dev, reps=5),
-                                 "profile_s": _predict(measured_hw, flops, nbytes, True),
-                                 "preset_s": _predict(preset, flops, nbytes, True)}
+                                 "profile_s": _predict(measured_hw, flops, nbytes, True, size),
+                                 "preset_s": _predict(preset, flops, nbytes, True, size)}
     total = {k: sum(r[k] for r in rows.values()) for k in ("measured_s", "profile_s", "preset_s")}
     res = {"benchmark": "gpu_calibrate_and_check", "device": a.device,
            "accelerator": torch.cuda.get_device_name(0) if dev == "cuda" else "cpu",
