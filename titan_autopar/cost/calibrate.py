@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from titan_autopar.cost.hardware import Hardware
-from titan_autopar.cost.profile import COLLECTIVES, machine_description, round2, write_profile
+from titan_autopar.cost.profile import COLLECTIVES, round2, this_machine, write_profile
 
 SIZES = {"cpu": {"mm": [(256, 256, 256), (512, 256, 768), (512, 512, 1024)],
                  "mm_bf16": [(64, 64, 64), (128, 64, 128), (128, 128, 256)],  # slow on CPUs
@@ -266,17 +266,13 @@ def profile_name(device: str, backend: str, world: int, threads: int) -> str:
 
 def calibrate_and_write(out, mesh_shape, device: str, say=None):
     """Calibrate on every rank; rank 0 writes the profile. Returns the Hardware."""
-    backend = dist.get_backend()
-    world = dist.get_world_size()
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    threads = torch.get_num_threads()
+    on = this_machine(device)
     hw, meas = calibrate(mesh_shape, device, say)
-    name = profile_name(device, backend, world, threads)
+    name = profile_name(device, on["backend"], on["world_size"], on["threads"])
     from dataclasses import replace
 
     hw = replace(hw, name=name)
     if dist.get_rank() == 0:
-        on = machine_description(device, backend, world, local, threads)
         on["date"] = time.strftime("%Y-%m-%d")
         write_profile(out, name, on, hw, meas)
     dist.barrier()

@@ -74,6 +74,18 @@ def machine_description(device: str, backend: str, world_size: int, local_world_
     return d
 
 
+def this_machine(device: str) -> dict:
+    """`machine_description` of the calling rank's machine and rank layout: the process group's
+    size and backend, torchrun's LOCAL_WORLD_SIZE, this process's threads."""
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    backend = dist.get_backend() if dist.is_initialized() else ("nccl" if device == "cuda" else "gloo")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return machine_description(device, backend, world, local, torch.get_num_threads())
+
+
 def write_profile(path, name: str, measured_on: dict, hardware: Hardware, measurements: dict) -> Path:
     """Write the profile to a temporary name and rename it, so a reader never sees half."""
     p = Path(path)

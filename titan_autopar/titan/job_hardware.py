@@ -13,23 +13,13 @@ priced it (`hardware.profile`).
 from __future__ import annotations
 
 import logging
-import os
 
-import torch
 import torch.distributed as dist
 
 from titan_autopar.cost.hardware import is_profile_path
-from titan_autopar.cost.profile import cached_profile_path, check_machine, machine_description
+from titan_autopar.cost.profile import cached_profile_path, check_machine, this_machine
 
 CALIBRATE = "calibrate"
-
-
-def here(device: str) -> dict:
-    """This job's machine and rank layout, as a profile's `measured_on` names it."""
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    backend = dist.get_backend() if dist.is_initialized() else ("nccl" if device == "cuda" else "gloo")
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    return machine_description(device, backend, world, local, torch.get_num_threads())
 
 
 def job_device() -> str:
@@ -47,7 +37,7 @@ def resolve_hardware(job_config, log: logging.Logger | None = None) -> str:
     if hw != CALIBRATE and not is_profile_path(hw):
         return hw
     device = job_device()
-    me = here(device)
+    me = this_machine(device)
     if hw != CALIBRATE:
         check_machine(hw, me)
         return hw
