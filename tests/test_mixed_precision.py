@@ -28,3 +28,30 @@ def test_bf16_compute_fp32_gradients(tmp_path):
     assert r["grad_rel"] <= 3e-2, r
     assert r["grad_dtypes"] == ["torch.float32"]
     assert r["matmul_dtypes"] == ["torch.bfloat16"], r  # every forward matmul runs in bf16
+
+
+def test_casts_share_their_block():
+    """Each layer's parameter casts (before the forward) and gradient casts (after the backward)
+    are one representative per class, counted once per layer and grouped with its block: the
+    program's size does not grow with the layer count, and a layer's all-gathers hide behind
+    its own compute."""
+    from conftest import tiny_llama
+    from titan_autopar.graph.blocks import find_blocks
+    from titan_autopar.graph.trace import trace_joint
+
+    tokens = torch.zeros(2, 32, dtype=torch.long)
+    reps = {}
+    for layers in (2, 4):
+        jg = trace_joint(tiny_llama(dim=64, layers=layers, seq=32, n_heads=4), (tokens,),
+                         torch.bfloat16, {})
+        b = find_blocks(jg)
+        reps[layers] = len(set(b.rep.values()))
+        p0, p3 = (jg.param_nodes[f"layers.{i}.attention.wq.weight"] for i in (0, layers - 1))
+        cast0, cast3 = (next(iter(p.users)) for p in (p0, p3))
+        assert b.rep[cast3] is cast0 and b.count[cast0] == layers
+        assert b.block_of[cast0] == "layers.0"
+        g0, g3 = (jg.grad_nodes[f"layers.{i}.attention.wq.weight"] for i in (0, layers - 1))
+        assert g0.args[0].meta["val"].dtype == torch.bfloat16  # the grad node is the cast back
+        assert b.rep[g3] is b.rep[g0] and b.count[b.rep[g0]] == layers
+        assert b.block_of[b.rep[g0]] == "layers.0"
+    assert reps[2] == reps[4], reps

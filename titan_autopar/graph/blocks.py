@@ -38,6 +38,42 @@ def _node_key(n: fx.Node, manual: dict) -> tuple:
     return (str(n.target), shape)
 
 
+def _share_outside(nodes: list[fx.Node], keys: list[tuple], rep: dict, block_of: dict) -> None:
+    """Nodes outside every block span that do the same op on representative-equal inputs --
+    the mixed-precision cast of each block's parameters before the forward, and the cast of its
+    gradient back after the backward -- share a representative too, which belongs to the block
+    class of its inputs. Without this, each layer's casts are units of their own, and the
+    parameter communication they carry is hidden behind the wrong group's compute."""
+    first: dict[tuple, fx.Node] = {}
+    for n, key in zip(nodes, keys):
+        if n.op != "call_function" or n in block_of or rep[n] is not n:
+            continue
+        sig = (key, _args_sig(n.args, rep), _args_sig(n.kwargs, rep))
+        r = first.setdefault(sig, n)
+        # only ops reading a block member's value join (two equal ops on the very same inputs
+        # stay apart, as before); the backward meets the last layer first, so either may
+        if r is not n and (_reads_shared(n, rep) or _reads_shared(r, rep)):
+            rep[n] = r
+            cls = next((block_of[rep[a]] for a in n.all_input_nodes if rep[a] in block_of), None)
+            if cls is not None:
+                block_of[r] = cls
+
+
+def _reads_shared(n: fx.Node, rep: dict) -> bool:
+    return any(rep[a] is not a for a in n.all_input_nodes)
+
+
+def _args_sig(a, rep: dict):
+    """Arguments with each node replaced by its representative's name (hashable)."""
+    if isinstance(a, fx.Node):
+        return ("node", rep[a].name)
+    if isinstance(a, (list, tuple)):
+        return tuple(_args_sig(x, rep) for x in a)
+    if isinstance(a, dict):
+        return tuple(sorted((k, _args_sig(v, rep)) for k, v in a.items()))
+    return repr(a)
+
+
 def find_blocks(jg: JointGraph) -> Blocks:
     nodes = list(jg.gm.graph.nodes)
     keys = [_node_key(n, jg.manual_regions) for n in nodes]
@@ -91,6 +127,7 @@ def find_blocks(jg: JointGraph) -> Blocks:
             if p.startswith(prefix0):
                 block_of[jg.param_nodes[p]] = cname
 
+    _share_outside(nodes, keys, rep, block_of)
     count: dict[fx.Node, int] = defaultdict(int)
     for n in nodes:
         count[rep[n]] += 1

@@ -44,6 +44,9 @@ from titan_autopar.strategy.options import (
     tensor_inputs,
 )
 
+# dtype casts: a mixed-precision parameter's cast and its gradient's cast back
+CAST_OPS = {torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default}
+
 MEMORY_KINDS = ("parameters", "gradients", "optimizer", "activations")
 
 
@@ -199,14 +202,17 @@ class Problem:
                         recomputed=n in again, dim_options=builder.dim_options(n),
                         region=region_name(n) if n.target in REGION_OPS else None)
 
-        # param-side values: parameters and views of them; gradients and views feeding them
+        # param-side values: parameters and their views and mixed-precision casts; gradients and
+        # the views and casts feeding them. A block's bf16 weight is gathered as FSDP2 gathers
+        # it -- after the cast, merged per block and hidden behind compute (`apply/bucket.py`)
+        follow = VIEW_OPS | CAST_OPS
         param_derived: set[fx.Node] = set(param_of)
         for n in gm.graph.nodes:
-            if n.op == "call_function" and n.target in VIEW_OPS and n.args and n.args[0] in param_derived:
+            if n.op == "call_function" and n.target in follow and n.args and n.args[0] in param_derived:
                 param_derived.add(n)
         grad_side: set[fx.Node] = set()
         for g in jg.grad_nodes.values():
-            while isinstance(g, fx.Node) and g.op == "call_function" and g.target in VIEW_OPS:
+            while isinstance(g, fx.Node) and g.op == "call_function" and g.target in follow:
                 grad_side.add(g)
                 g = g.args[0]
 
