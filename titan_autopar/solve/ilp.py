@@ -1,11 +1,13 @@
-"""The integer program for one mesh dimension, every operator at once.
+"""The integer program over candidate choices, every operator at once.
 
 Notation. Units u (representative nodes, weight w_u = how many graph nodes they stand for), each
-with options s in S_u(m): the single-dim strategies u may take on mesh dim m while its choices on
-the other mesh dims stay as in the current assignment. Edges e = (p, i) -> (c, k): output i of p
-feeds input k of c, weight w_e. For an option s, out_i(s) is its placement of output i on dim m
-and in_k(s) the placement it requires of input k. All prices are exact for the full N-D placement
-(the fixed dims plus the candidate on dim m), from `solve/problem.py`:
+with candidates s in S_u: full N-D choices (one single-dim strategy per mesh dim). For the
+per-dim program of `solve_dim` (what the descent runs), S_u(m) are the single-dim strategies u may
+take on mesh dim m while its choices on the other mesh dims stay as in the current assignment;
+for the exact check of `solve/joint.py`, S_u is every product of per-dim strategies.
+Edges e = (p, i) -> (c, k): output i of p feeds input k of c, weight w_e. For a candidate s,
+out_i(s) is its N-D placement of output i and in_k(s) the placement it requires of input k. All
+prices are exact for the full N-D placement, from `solve/problem.py`:
   T_u(s)  compute time of u, already times w_u          (cost/compute.py; a manual region's
           op adds its own collectives, cost/regions.py, which hide no parameter communication)
   M_u(s)  memory bytes of u, already times w_u           (cost/memory.py)
@@ -13,9 +15,9 @@ and in_k(s) the placement it requires of input k. All prices are exact for the f
 
 Variables
   x[u,s] in {0,1}                         u takes option s                   (`_choice_vars`)
-  y[e,a,b] >= 0                           edge e goes from a to b            (`_edge_terms`)
-  E_g >= 0                                exposed parameter comm of group g  (`_overlap_rows`)
-  X >= 0                                  memory above the budget            (`_memory_row`)
+  y[e,a,b] >= 0                           edge e goes from a to b            (`solve_candidates`)
+  E_g >= 0                                exposed parameter comm of group g  (`solve_candidates`)
+  X >= 0                                  memory above the budget            (`solve_candidates`)
 
 Constraints
   sum_s x[u,s] = 1                                                 one choice per unit
@@ -43,7 +45,7 @@ runaway program only, and says so ("time_guard").
 
 Forward/backward agreement is an edge like any other: a parameter's unit takes its gradient as an
 input that must arrive in the parameter's own placement; the tangent's unit takes the model
-output likewise. Pins restrict S_u(m) to the pinned placement.
+output likewise. Pins restrict S_u to the pinned placement.
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ class SolveLimits:
     gap: float = 0.005  # relative gap to the best bound at which a program counts as solved
     max_nodes: int = 20000  # branch-and-bound nodes per program
     guard_s: float = 600.0  # seconds
+    # the least improvement (ms) branch-and-bound looks for past an incumbent; None: the
+    # solver's own (CBC's 1e-5 ms, HiGHS's 1e-6 ms: a sizeable fraction of a tiny model's step)
+    increment: float | None = None
 
 
 @dataclass
@@ -91,20 +96,37 @@ def _with(choice: tuple[int, ...], m: int, s: int) -> tuple[int, ...]:
     return choice[:m] + (s,) + choice[m + 1 :]
 
 
-def _choice_vars(prob: pulp.LpProblem, pb: Problem, assign, m: int):
-    """Allowed options per unit on dim m and their binaries (None where only one is allowed)."""
-    allowed: list[list[int]] = []
-    xs: list[dict[int, pulp.LpVariable] | None] = []
+def dim_candidates(pb: Problem, assign, m: int) -> list[dict[int, tuple[int, ...]]]:
+    """Per unit, its candidates on mesh dim m, keyed by the option on dim m: `assign[u]` with
+    dim m replaced by each allowed option that splits evenly (the current one if none does)."""
+    cands = []
     for u in range(len(pb.units)):
         opts = [s for s in pb.allowed(u, m) if pb.unit_price(u, _with(assign[u], m, s)) is not None]
         if not opts:
             opts = [assign[u][m]]
-        allowed.append(opts)
-        if len(opts) == 1:
+        cands.append({s: _with(assign[u], m, s) for s in opts})
+    return cands
+
+
+def _choice_vars(prob: pulp.LpProblem, cands):
+    """Binaries per unit over its candidates (None where it has only one)."""
+    xs: list[dict[int, pulp.LpVariable] | None] = []
+    for u, c in enumerate(cands):
+        if len(c) == 1:
             xs.append(None)
         else:
-            xs.append({s: prob.add_variable(f"x_{u}_{s}", cat="Binary") for s in opts})
-    return allowed, xs
+            xs.append({k: prob.add_variable(f"x_{u}_{k}", cat="Binary") for k in c})
+    return xs
+
+
+def _affine(terms) -> pulp.LpAffineExpression:
+    """sum c * v over (v, c) pairs, a variable that appears more than once counted each time
+    (`pulp.LpAffineExpression` of a list keeps only the last coefficient of a variable: a unit's
+    compute and the price of an edge linear in its choice both sit on its binary)."""
+    coeffs: dict[pulp.LpVariable, float] = {}
+    for v, c in terms:
+        coeffs[v] = coeffs.get(v, 0.0) + c
+    return pulp.LpAffineExpression(coeffs)
 
 
 def _lin(xs, u: int, coeffs: dict[int, float]):
@@ -124,10 +146,33 @@ def solve_dim(
     solver: str = "cbc",
     limits: SolveLimits | None = None,
 ) -> DimSolve:
+    """The program for mesh dim m, the other dims held at `assign` (started from it)."""
     t0 = time.perf_counter()
+    return solve_candidates(pb, dim_candidates(pb, assign, m), assign, name=f"dim{m}",
+                            what=f"mesh dim {m}", budget_bytes=budget_bytes, solver=solver,
+                            limits=limits, t0=t0)
+
+
+def solve_candidates(
+    pb: Problem,
+    cands: list[dict[int, tuple[int, ...]]],
+    start: list[tuple[int, ...]],
+    *,
+    name: str,
+    what: str,
+    budget_bytes: float,
+    solver: str = "cbc",
+    limits: SolveLimits | None = None,
+    t0: float | None = None,
+) -> DimSolve:
+    """Build and solve the program over `cands` (per unit: key -> full N-D choice; a key names
+    the unit's binary) and return each unit's chosen candidate. `start`, a feasible assignment
+    within the candidates, warm-starts branch-and-bound and is what a program stopped before
+    any integer point returns. `what` names the program in errors; `t0` is when building began."""
+    t0 = time.perf_counter() if t0 is None else t0
     ms = 1e3
-    prob = pulp.LpProblem(f"dim{m}", pulp.LpMinimize)
-    allowed, xs = _choice_vars(prob, pb, assign, m)
+    prob = pulp.LpProblem(name, pulp.LpMinimize)
+    xs = _choice_vars(prob, cands)
     objective: list = []
     const = 0.0
     n_cons = 0
@@ -136,13 +181,12 @@ def solve_dim(
     group_compute_const: dict[str, float] = {}
     mem_terms: list = []
     mem_const = 0.0
-    for u, opts in enumerate(allowed):
+    for u, opts in enumerate(cands):
         if xs[u] is not None:
             prob += pulp.lpSum(xs[u].values()) == 1
             n_cons += 1
         comp, hides, mem = {}, {}, {}
-        for s in opts:
-            choice = _with(assign[u], m, s)
+        for s, choice in opts.items():
             c, mm = pb.unit_price(u, choice)
             comp[s] = c * ms
             hides[s] = pb.hiding_compute(u, choice, c) * ms
@@ -164,8 +208,8 @@ def solve_dim(
     n_y = 0
     for ei, e in enumerate(pb.edges):
         p, c = e.src, e.dst
-        src_of = {s: pb.placement(p, _with(assign[p], m, s), e.out) for s in allowed[p]}
-        dst_of = {s: pb.in_placement(c, _with(assign[c], m, s), e.arg) for s in allowed[c]}
+        src_of = {s: pb.placement(p, ch, e.out) for s, ch in cands[p].items()}
+        dst_of = {s: pb.in_placement(c, ch, e.arg) for s, ch in cands[c].items()}
         A = sorted(set(src_of.values()), key=repr)
         B = sorted(set(dst_of.values()), key=repr)
         if e.param_side:
@@ -221,18 +265,18 @@ def solve_dim(
         eg = prob.add_variable(f"E_{n_e}", lowBound=0)
         n_e += 1
         objective += [(v, HIDDEN_COMM_WEIGHT * c) for v, c in terms]
-        rhs = pulp.LpAffineExpression(terms) + group_param_const.get(g, 0.0)
-        rhs -= alpha * (pulp.LpAffineExpression(group_compute.get(g, [])) + group_compute_const.get(g, 0.0))
+        rhs = _affine(terms) + group_param_const.get(g, 0.0)
+        rhs -= alpha * (_affine(group_compute.get(g, [])) + group_compute_const.get(g, 0.0))
         prob += eg >= rhs
         n_cons += 1
         objective.append((eg, 1.0))
 
     # memory budget (soft, with a penalty that dominates any step time)
     excess = prob.add_variable("memory_excess_gib", lowBound=0)
-    prob += pulp.LpAffineExpression(mem_terms) + mem_const - excess <= budget_bytes / GiB
+    prob += _affine(mem_terms) + mem_const - excess <= budget_bytes / GiB
     n_cons += 1
     objective.append((excess, MEMORY_PENALTY_MS_PER_GIB))
-    prob += pulp.LpAffineExpression(objective) + const
+    prob += _affine(objective) + const
     n_vars = sum(len(x) for x in xs if x) + n_y + n_e + 1
     build_s = time.perf_counter() - t0
 
@@ -245,16 +289,16 @@ def solve_dim(
     status, gap = "optimal", 0.0
     if prob.status == pulp.LpStatusOptimal and not _integral(xs):
         bound = float(pulp.value(prob.objective) or 0.0)  # the LP's: no integer point is lower
-        # the current assignment is a feasible point: start branch-and-bound from it
+        # `start` is a feasible point: start branch-and-bound from it
         for u, x in enumerate(xs):
             if x is not None:
                 for s_, v in x.items():
-                    v.setInitialValue(1.0 if s_ == assign[u][m] else 0.0)
+                    v.setInitialValue(1.0 if cands[u][s_] == start[u] else 0.0)
         with _solver_files(solver, limits, mip=True) as mip_solver:
             prob.solve(mip_solver)
         guard_fired = time.perf_counter() - t1 >= limits.guard_s * 0.98
-        if prob.status != pulp.LpStatusOptimal:  # stopped before any integer point: keep `assign`
-            return DimSolve(list(assign), "time_guard" if guard_fired else "node_limit",
+        if prob.status != pulp.LpStatusOptimal:  # stopped before any integer point: keep `start`
+            return DimSolve(list(start), "time_guard" if guard_fired else "node_limit",
                             float("inf"), 1.0, n_vars, n_cons, build_s, time.perf_counter() - t1)
         obj = float(pulp.value(prob.objective) or 0.0)
         gap = max(0.0, (obj - bound) / abs(obj)) if obj else 0.0
@@ -264,18 +308,18 @@ def solve_dim(
             gap = min(gap, limits.gap)
     elif prob.status != pulp.LpStatusOptimal:
         raise RuntimeError(
-            f"the linear program for mesh dim {m} ended {pulp.LpStatus[prob.status]}; "
+            f"the linear program for {what} ended {pulp.LpStatus[prob.status]}; "
             "this is a bug, please report it with the plan command you ran"
         )
 
-    new = list(assign)
-    for u, opts in enumerate(allowed):
+    new = list(start)
+    for u, opts in enumerate(cands):
         if xs[u] is None:
-            s = opts[0]
+            (s,) = opts
         else:
             vals = {s: (v.value() or 0.0) for s, v in xs[u].items()}
             s = max(sorted(vals), key=lambda k: vals[k])
-        new[u] = _with(assign[u], m, s)
+        new[u] = opts[s]
     obj = float(pulp.value(prob.objective) or 0.0)
     solve_s = time.perf_counter() - t1
     return DimSolve(new, status, obj, gap, n_vars, n_cons, build_s, solve_s)
@@ -302,12 +346,16 @@ def _solver_files(name: str, limits: SolveLimits, mip: bool):
         if name == "cbc":
             s = pulp.PULP_CBC_CMD(msg=False, threads=1, mip=mip, timeLimit=limits.guard_s,
                                   gapRel=limits.gap if mip else None,
-                                  maxNodes=limits.max_nodes if mip else None, warmStart=mip)
+                                  maxNodes=limits.max_nodes if mip else None, warmStart=mip,
+                                  options=[f"increment {limits.increment!r}"]
+                                  if mip and limits.increment is not None else None)
             s.tmpDir = tmp
         elif name == "highs":
             if "HiGHS" not in pulp.listSolvers(onlyAvailable=True):
                 raise ValueError("solver='highs' needs the highspy package: pip install highspy")
             extra = {"mip_max_nodes": limits.max_nodes} if mip else {}
+            if mip and limits.increment is not None:
+                extra["gapAbs"] = limits.increment
             s = pulp.HiGHS(msg=False, threads=1, mip=mip, timeLimit=limits.guard_s,
                            gapRel=limits.gap if mip else None, **extra)
         else:
