@@ -8,6 +8,7 @@ program -> forward/backward split -> DTensor parameters); `auto_parallelize` doe
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 
@@ -33,6 +34,7 @@ from titan_autopar.plan_check import check_against_graph
 from titan_autopar.solve.descent import DescentStats, descend, initial_assignment, objective_ms
 from titan_autopar.solve.errors import MemoryBudgetError, memory_floor
 from titan_autopar.solve.ilp import SolveLimits
+from titan_autopar.solve.joint import check_joint_size, solve_joint
 from titan_autopar.solve.problem import Problem
 from titan_autopar.solve.recipes import (RECIPES, TENSOR, check_dim_names, default_input_placements,
                                          recipe_placements)
@@ -49,6 +51,14 @@ def _mesh_info(mesh: DeviceMesh) -> tuple[tuple[str, ...], tuple[int, ...]]:
             "so that plans can say what each dim carries"
         )
     return tuple(names), tuple(mesh.shape)
+
+
+def _trace_key(model, sample_inputs, param_dtype, manual) -> tuple:
+    """What a traced graph depends on besides the model: input shapes and dtypes, the compute
+    dtype, and the manual regions' declarations on this mesh."""
+    regions = json.dumps({n: r.to_json() for n, r in sorted(manual.items())}, sort_keys=True)
+    return (id(model), tuple((tuple(x.shape), str(x.dtype)) for x in sample_inputs),
+            str(param_dtype), regions)
 
 
 def _parameter_pins(given, shapes, names, sizes) -> dict[str, tuple[Placement, ...]]:
@@ -83,6 +93,8 @@ def plan_model(
     activation_checkpointing: str = "none",
     param_dtype: torch.dtype | None = None,
     progress=None,
+    effort: str = "full",
+    trace_cache: dict | None = None,
 ) -> Plan:
     """Plan `model`'s training step on `mesh`: one placement per parameter and per graph node.
 
@@ -94,7 +106,15 @@ def plan_model(
     the recomputation of each block's activations, and the plan's program recomputes them.
     `param_dtype` (e.g. torch.bfloat16) computes with parameters cast to it, gradients and
     optimizer state staying in the parameters' dtype (mixed precision, as FSDP's param_dtype).
+    `solver`: "cbc" (default) or "highs" solves the per-mesh-dim programs of the descent;
+    "joint" plans by one exact program over every mesh dim at once, the check on the descent,
+    for small problems only (`solve/joint.py`; a larger one is refused before any program).
     `progress` receives one line per phase (default: the "titan_autopar" logger).
+    `effort="screen"` (the degree search's first pass) prices each recipe by one round of
+    descent and returns the cheapest recipe as the plan, a few times faster than the full search;
+    it refuses, before any program, a mesh whose memory floor is above the budget.
+    `trace_cache` (a dict kept between calls) reuses the traced graph of a model planned again
+    with the same input shapes, dtype and manual regions, e.g. on another mesh.
     """
     say = progress or log.info
     hw = get_hardware(hardware)
@@ -108,8 +128,18 @@ def plan_model(
     prec = precision or Precision()
     if param_dtype is not None:
         prec = dataclasses.replace(prec, exact_floats=True)
-    if solver not in ("cbc", "highs"):
-        raise ValueError(f"unknown solver {solver!r}: use 'cbc' (default) or 'highs'")
+    if solver not in ("cbc", "highs", "joint"):
+        raise ValueError(f"unknown solver {solver!r}: use 'cbc' (default), 'highs', or 'joint' "
+                         "(an exact check for small problems)")
+    programs = "cbc" if solver == "joint" else solver  # what solves the descents' programs
+    if effort not in ("full", "screen"):
+        raise ValueError(f"unknown effort {effort!r}: use 'full' (default) or 'screen'")
+    if effort == "screen" and solver == "joint":
+        raise ValueError("effort='screen' prices recipes by the descent: use solver='cbc' or "
+                         "'highs' (the joint check is for one small problem at a time)")
+    if effort == "screen" and parameter_placements is not None:
+        raise ValueError("effort='screen' prices the recipes' own placements: leave "
+                         "parameter_placements out")
     names, sizes = _mesh_info(mesh)
     check_dim_names(names)
     manual = resolve_all(model, names, sizes)  # a declaration that cannot be used stops here
@@ -128,15 +158,23 @@ def plan_model(
     phases: dict[str, dict] = {}
 
     t = time.perf_counter()
-    try:
-        jg = trace_joint(model, sample_inputs, param_dtype, manual)
-    except Exception as e:  # the model's own code, run on the sample inputs
-        raise checks.traced_model_error(e, sample_inputs) from e
+    key = _trace_key(model, sample_inputs, param_dtype, manual)
+    if trace_cache is not None and key in trace_cache:
+        jg, blocks = trace_cache[key]
+        say(f"[trace] reused the graph traced for the same shapes ({len(jg.gm.graph.nodes)} nodes)")
+    else:
+        try:
+            jg = trace_joint(model, sample_inputs, param_dtype, manual)
+        except Exception as e:  # the model's own code, run on the sample inputs
+            raise checks.traced_model_error(e, sample_inputs) from e
+        blocks = None
     phases["trace"] = {"seconds": time.perf_counter() - t, "nodes": len(jg.gm.graph.nodes)}
     say(f"[trace] {phases['trace']['nodes']} nodes in {phases['trace']['seconds']:.2f}s")
 
     t = time.perf_counter()
-    blocks = find_blocks(jg)
+    blocks = blocks or find_blocks(jg)
+    if trace_cache is not None:
+        trace_cache[key] = (jg, blocks)
     phases["blocks"] = {
         "seconds": time.perf_counter() - t,
         "classes": {c: len(m) for c, m in blocks.classes.items() if len(m) > 1},
@@ -173,11 +211,22 @@ def plan_model(
                         else f"pin of {unit.node.name}")
                 raise ValueError(f"{what} = {unit.pin} is not a valid placement for a tensor of "
                                  f"shape {tuple(unit.outs[0].shape)}")
+    if solver == "joint":  # one too large for the exact check is refused before any program
+        check_joint_size(pb)
+
+    if effort == "screen":  # a mesh that cannot hold the model is refused before any program
+        floor, top = memory_floor(pb)
+        if floor > budget * (1 + 1e-9):
+            raise MemoryBudgetError(budget, floor, top, floor)
 
     t = time.perf_counter()
     limits = SolveLimits(guard_s=time_limit_s) if time_limit_s else SolveLimits()
+    rounds = 1 if effort == "screen" else 3
     stats = DescentStats()
-    recipes = [r for r in RECIPES if r != "fsdp_tp" or any(n in TENSOR for n in names)]
+    has_tp = any(n in TENSOR for n in names)
+    recipes = [r for r in RECIPES if r != "fsdp_tp" or has_tp]
+    if effort == "screen":  # the recipe TorchTitan would run on these degrees, then the other
+        recipes.sort(key=lambda r: r != ("fsdp_tp" if has_tp else "fsdp"))
     priced: dict[str, dict] = {}
     starts = []
     for r in recipes:
@@ -185,19 +234,27 @@ def plan_model(
         for n, i in param_units.items():
             pb.units[i].pin = pins[n]
         say(f"[solve] pricing the {r} recipe")
-        a, _ = descend(pb, initial_assignment(pb), budget_bytes=budget, solver=solver,
-                       limits=limits, log=say, stats=stats)
+        a, _ = descend(pb, initial_assignment(pb), budget_bytes=budget, solver=programs,
+                       limits=limits, max_rounds=rounds, log=say, stats=stats)
         for n, i in param_units.items():
             pb.units[i].pin = user_pins.get(n)
         price = pb.evaluate(a)
         priced[r] = {"price": price, "objective_ms": objective_ms(price, budget)}
         starts.append((r, a))
+        if effort == "screen" and price.peak_memory <= budget * (1 + 1e-9):
+            break  # a screen needs one recipe that fits
     # the auto plan starts from the cheapest recipe (so it can only improve on it) and from
     # replicate-everywhere (so that what emerges owes nothing to the recipes)
     cheapest = min(range(len(starts)), key=lambda i: priced[starts[i][0]]["objective_ms"])
     # a recipe is itself a valid plan, unless the user pinned parameters elsewhere
     candidates = [] if user_pins else [(f"recipe {r}", a) for r, a in starts]
-    for name, a in (("replicate", initial_assignment(pb)), starts[cheapest]):
+    auto_starts = (("replicate", initial_assignment(pb)), starts[cheapest])
+    if solver == "joint":  # the exact check: one program over every mesh dim, no descent
+        say("[solve] one joint program over every mesh dim")
+        warm = initial_assignment(pb) if user_pins else starts[cheapest][1]
+        res = solve_joint(pb, warm, budget_bytes=budget, limits=limits, stats=stats)
+        candidates, auto_starts = [("joint", res.assign)], ()
+    for name, a in auto_starts if effort == "full" else ():
         say(f"[solve] planning from the {name} start")
         a, _ = descend(pb, a, budget_bytes=budget, solver=solver, limits=limits,
                        log=say, stats=stats)
@@ -213,6 +270,7 @@ def plan_model(
                        "solver_seconds": stats.solve_seconds, "programs": stats.solves,
                        "max_variables": stats.variables, "max_constraints": stats.constraints}
     price = pb.evaluate(assign)
+    phases["solve"]["objective_ms"] = objective_ms(price, budget)  # what the programs minimise
     say(f"[solve] {stats.solves} programs in {phases['solve']['seconds']:.2f}s; predicted step "
         f"{price.step_time * 1e3:.2f} ms, peak {price.peak_memory / GiB:.2f} GiB (best start: {start})")
     if price.peak_memory > budget * (1 + 1e-9):
@@ -226,6 +284,8 @@ def plan_model(
         mesh_names=names, hardware=hw, budget=budget, solver=solver, stats=stats,
         recipes=priced, fallbacks=dict(builder.fallbacks), start=start,
     )
+    if solver == "joint":
+        plan.data["solver"]["method"] = "one integer program over products of per-dim choices"
     plan.data["activation_checkpointing"] = activation_checkpointing
     plan.data["param_dtype"] = str(param_dtype).removeprefix("torch.") if param_dtype else None
     phases["plan"] = {"seconds": time.perf_counter() - t}

@@ -127,11 +127,16 @@ def cmd_plan(a) -> int:
         a.param_dtype = job.param_dtype or "float32"  # the job computes in fp32: priced so
         a.mesh = ",".join(f"{n}={s}" for n, s in zip(job.mesh_names, job.mesh_sizes))
     a.hardware = a.hardware or "h100"
+    if a.search and not a.config:
+        raise ValueError("--search needs --config: the degree search takes the job's rank count, "
+                         "model and batch from a TorchTitan TOML")
     if a.hardware == "calibrate":
         a.hardware = _calibrated_here(a.config, job.world_size if a.config else 1)
     names, sizes = parse_mesh(a.mesh)
     t0 = time.perf_counter()
     say = lambda s: print(f"[{time.perf_counter() - t0:6.1f}s] {s}", flush=True)  # noqa: E731
+    if a.search or (a.config and job.search_degrees):
+        return _search(a, job, say)
     say(f"building {a.model} {a.flavor} on the meta device")
     model, _ = build_model(a.model, a.flavor, a.seq_len)
     if a.config:
@@ -157,6 +162,33 @@ def cmd_plan(a) -> int:
     if a.explain:
         print(plan.explain())
     return 0
+
+
+def _search(a, job, say) -> int:
+    """`plan --config X --search`: rank the job's degrees, write the winner's plan, its
+    [parallelism] block and the table beside --out."""
+    from titan_autopar.titan.degree_search import search_degrees, table
+
+    res = search_degrees(job, hardware=a.hardware, make_mesh=fake_mesh, top=a.top, say=say,
+                         solver=a.solver)
+    text = table(res, a.hardware)
+    print(text)
+    out = Path(a.out)
+    res.plans[res.winner.degrees].save(out, timings=a.timings)
+    stem = out.with_suffix("")
+    block, md = stem.with_suffix(".parallelism.toml"), stem.with_suffix(".search.md")
+    _write(block, f"# the degrees `titan-autopar plan --config {a.config} --search` chose\n"
+           + res.winner.degrees.toml())
+    _write(md, text + "\n")
+    say(f"wrote {out} (the winner's plan), {block} and {md}")
+    return 0
+
+
+def _write(path: Path, text: str) -> None:
+    """Write through a temporary name, so a failed write leaves the old file whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def cmd_explain(a) -> int:
@@ -233,7 +265,9 @@ def main(argv=None) -> int:
     p.add_argument("--seq-len", type=_positive(int), default=8192)
     p.add_argument("--local-batch-size", type=_positive(int), default=1)
     p.add_argument("--memory-budget-gib", type=_positive(float), default=None)
-    p.add_argument("--solver", default="cbc", choices=["cbc", "highs"])
+    p.add_argument("--solver", default="cbc", choices=["cbc", "highs", "joint"],
+                   help="joint: one exact program over every mesh dim, a check on the default "
+                   "descent for small problems only")
     p.add_argument("--activation-checkpointing", default="none",
                    choices=["none", "selective", "full"],
                    help="recompute block activations in backward (TorchTitan's AC modes)")
@@ -243,6 +277,11 @@ def main(argv=None) -> int:
     p.add_argument("--time-limit-s", type=_positive(float), default=None,
                    help="wall-clock guard per integer program (default 600 s); programs stop "
                    "by counted limits, so plans do not depend on the machine's load")
+    p.add_argument("--search", action="store_true", help="with --config: search the job's "
+                   "parallelism degrees (dp_replicate x dp_shard x tp, x ep for MoE) for its rank "
+                   "count; print a ranked table and write the winner's plan and [parallelism] block")
+    p.add_argument("--top", type=_positive(int), default=2,
+                   help="with --search: how many of the best-screened degrees to plan in full")
     p.add_argument("--out", default="plan.json")
     p.add_argument("--force", action="store_true",
                    help="replace --out even if it exists and is not a plan")

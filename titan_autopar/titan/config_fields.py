@@ -27,6 +27,11 @@ class AutoParallel:
     """Write the plan (JSON) here; a relative path is under the job's dump folder. A job that
     restarts (e.g. to resume from a checkpoint) finds it there and replays it when it was made
     for the same model, batch, mesh and settings, instead of solving again."""
+    search_degrees: bool = False
+    """`titan-autopar plan --config` searches this job's degrees (as with --search): it ranks the
+    factorizations of its ranks into dp_replicate x dp_shard x tp (x ep) by predicted tokens/s
+    per GPU and writes the winner's [parallelism] block. A running job builds its mesh from
+    [parallelism] before it plans, so at run time it uses the degrees written there."""
     hardware: str = "h100"
     """What the planner prices: a preset (h100, h200, a100, b200, cpu), a profile file written
     by `titan-autopar calibrate` (it must describe this machine and rank count), or "calibrate":

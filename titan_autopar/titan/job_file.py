@@ -33,6 +33,7 @@ class PlanningJob:
     expert_parallel: int = 1
     manual_modules: tuple[str, ...] = ()
     manual_style: str = "torchtitan_ep"
+    search_degrees: bool = False
 
 
 def planner_mesh(dp_replicate: int, dp_shard: int, tp: int,
@@ -112,4 +113,5 @@ def planning_job(path: str | Path) -> PlanningJob:
                      else training.get("mixed_precision_param", "bfloat16")),
         expert_parallel=deg["expert_parallel"],
         manual_modules=tuple(ap.get("manual_modules", ())),
-        manual_style=ap.get("manual_style", "torchtitan_ep"))
+        manual_style=ap.get("manual_style", "torchtitan_ep"),
+        search_degrees=bool(ap.get("search_degrees", False)))
