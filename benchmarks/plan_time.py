@@ -2,8 +2,9 @@
 
 Cases: Llama3-8B (32 layers, seq 8192) on a 64-rank (dp_shard=8, tp=8) H100 mesh, and Llama3-70B
 on a 128-rank 4-D mesh (dp_replicate=2, dp_shard=4, cp=2, tp=8), both simulated in this process,
-each as priced by default (`8b`, `70b`) and with the real configs' settings, bf16 mixed precision
-and selective checkpointing (`8b_bf16`, `70b_bf16`). Targets on a 2-core machine, end to end:
+each as priced by default (`8b`, `70b`: traced in the parameters' fp32, activations priced at
+2 bytes, no checkpointing) and with the real configs' settings, bf16 mixed precision and
+selective checkpointing (`8b_bf16`, `70b_bf16`). Targets on a 2-core machine, end to end:
 8B <= 10 s, 70B 4-D <= 30 s, Llama4 17Bx16E on 64 ranks <= 30 s, every program within a 0.5% gap
 (`worst_gap`); `targets_met` says which hold.
 

@@ -19,7 +19,13 @@ def _model():
 
 
 def worker(rank: int, plan_path: str, out_dir: str) -> None:
+    import os
+
     from torch.distributed.device_mesh import init_device_mesh
+
+    # a cache of each rank's own: four ranks writing and loading the same kernels in one folder
+    # crashed a rank once (SIGSEGV) on a loaded machine
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(out_dir, f"inductor_{rank}")
 
     from titan_autopar import Plan, apply_plan
     from parity_models import init_titan

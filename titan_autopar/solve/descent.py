@@ -39,6 +39,17 @@ class DescentStats:
     gap: float = 0.0
     history: list[float] = field(default_factory=list)  # objective (ms) after each accepted solve
 
+    def count(self, res) -> None:
+        """Add one solved program (a `solve/ilp.py` DimSolve) to the totals."""
+        self.solves += 1
+        self.variables = max(self.variables, res.variables)
+        self.constraints = max(self.constraints, res.constraints)
+        self.build_seconds += res.build_seconds
+        self.solve_seconds += res.solve_seconds
+        self.gap = max(self.gap, res.gap)
+        if res.status != "optimal" and self.status != "time_guard":
+            self.status = res.status
+
 
 def objective_ms(price: Price, budget_bytes: float) -> float:
     over = max(0.0, price.peak_memory - budget_bytes) / GiB
@@ -85,17 +96,10 @@ def descend(
             if solved_at[m] == version:
                 continue  # nothing changed since this dim's program was last solved
             res = solve_dim(pb, assign, m, budget_bytes=budget_bytes, solver=solver, limits=limits)
-            stats.solves += 1
-            stats.variables = max(stats.variables, res.variables)
-            stats.constraints = max(stats.constraints, res.constraints)
-            stats.build_seconds += res.build_seconds
-            stats.solve_seconds += res.solve_seconds
-            stats.gap = max(stats.gap, res.gap)
-            if res.status != "optimal" and stats.status != "time_guard":
-                stats.status = res.status
-                if res.status == "time_guard":
-                    log(f"  warning: mesh dim {m}'s program hit the {limits.guard_s:g} s time guard; "
-                        "this plan depends on the machine's speed (raise time_limit_s)")
+            stats.count(res)
+            if res.status == "time_guard":
+                log(f"  warning: mesh dim {m}'s program hit the {limits.guard_s:g} s time guard; "
+                    "this plan depends on the machine's speed (raise time_limit_s)")
             obj = objective_ms(pb.evaluate(res.assign), budget_bytes)
             log(f"  round {r + 1} mesh dim {m}: {res.variables} vars, {res.constraints} rows, "
                 f"{res.solve_seconds:.2f}s solve -> {obj:.3f} ms")

@@ -93,13 +93,6 @@ def solve_joint(
                            what="the joint program", budget_bytes=budget_bytes, solver=solver,
                            limits=limits, t0=t0)
     if stats is not None:
-        stats.solves += 1
+        stats.count(res)
         stats.rounds = max(stats.rounds, 1)
-        stats.variables = max(stats.variables, res.variables)
-        stats.constraints = max(stats.constraints, res.constraints)
-        stats.build_seconds += res.build_seconds
-        stats.solve_seconds += res.solve_seconds
-        stats.gap = max(stats.gap, res.gap)
-        if res.status != "optimal" and stats.status != "time_guard":
-            stats.status = res.status
     return res
