@@ -167,6 +167,7 @@ def cmd_plan(a) -> int:
 def _search(a, job, say) -> int:
     """`plan --config X --search`: rank the job's degrees, write the winner's plan, its
     [parallelism] block and the table beside --out."""
+    from titan_autopar.files import write_atomic
     from titan_autopar.titan.degree_search import search_degrees, table
 
     res = search_degrees(job, hardware=a.hardware, make_mesh=fake_mesh, top=a.top, say=say,
@@ -177,18 +178,12 @@ def _search(a, job, say) -> int:
     res.plans[res.winner.degrees].save(out, timings=a.timings)
     stem = out.with_suffix("")
     block, md = stem.with_suffix(".parallelism.toml"), stem.with_suffix(".search.md")
-    _write(block, f"# the degrees `titan-autopar plan --config {a.config} --search` chose\n"
+    write_atomic(block, f"# the degrees `titan-autopar plan --config {a.config} --search` chose\n"
            + res.winner.degrees.toml())
-    _write(md, text + "\n")
+    write_atomic(md, text + "\n")
     say(f"wrote {out} (the winner's plan), {block} and {md}")
     return 0
 
-
-def _write(path: Path, text: str) -> None:
-    """Write through a temporary name, so a failed write leaves the old file whole."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def cmd_explain(a) -> int:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 from titan_autopar.cost.comm import redistribute_steps
+from titan_autopar.files import write_atomic
 from titan_autopar.cost.hardware import GiB, Hardware
 from titan_autopar.plan_check import SCHEMA_VERSION, PlanError, check_plan_data, read_plan_file
 from titan_autopar.solve.problem import itemsize, local_numel, real_numel
@@ -97,24 +96,11 @@ class Plan:
         """Write the plan to `path` whole or not at all: into a temporary file beside it, then
         renamed over it (a kill or a full disk mid-write leaves the old file as it was)."""
         p = Path(path)
-        text = self.to_json(timings).encode()
         try:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-        except OSError as e:
-            raise PlanError(f"cannot write the plan to {p}: {e.strerror or e}") from None
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, p)
+            write_atomic(p, self.to_json(timings))
         except OSError as e:
             raise PlanError(f"cannot write the plan to {p} ({e.strerror or e}); nothing was "
                             "changed there") from None
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
         return p
 
     @classmethod

@@ -31,6 +31,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from titan_autopar.cost.hardware import Hardware
+from titan_autopar.files import write_atomic
 
 FORMAT, VERSION = "titan_autopar.hardware_profile", 1
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
@@ -88,16 +89,11 @@ def this_machine(device: str) -> dict:
 
 def write_profile(path, name: str, measured_on: dict, hardware: Hardware, measurements: dict) -> Path:
     """Write the profile to a temporary name and rename it, so a reader never sees half."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
     hw = hardware.as_dict()
     hw["collective_fits"] = [list(f) for f in hardware.collective_fits]
     doc = {"format": FORMAT, "version": VERSION, "name": name, "measured_on": measured_on,
            "hardware": hw, "measurements": measurements}
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, p)
-    return p
+    return write_atomic(path, json.dumps(doc, indent=1) + "\n")
 
 
 def _fail(path, field: str, why: str, fix: str = "") -> None:
