@@ -25,6 +25,9 @@ BATCH, SEQ, DIM = 8, 32, 64
 MOE_MODEL = "deepseek_v3"
 TIED_MODEL = "qwen3"  # its dense debug flavor ties output.weight to tok_embeddings.weight
 MODELS = ("mlp", "attention", "llama3", MOE_MODEL)
+# one head and one sequence: nothing to shard but the sequence, so a cp dim runs ring attention
+RING_MODEL = "attention_1head"
+BLOCKS = ("mlp", "attention", RING_MODEL)  # our own blocks (float inputs), not TorchTitan's
 STEPS = 5
 
 
@@ -80,24 +83,30 @@ def titan_model(name: str) -> nn.Module:
         args.moe_args = saved
 
 
+def _block(name: str) -> nn.Module:
+    return {"mlp": MLP, "attention": Attention, RING_MODEL: lambda: Attention(heads=1)}[name]()
+
+
 def inputs_of(name: str) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(1)
+    if name == RING_MODEL:
+        return (torch.randn(1, SEQ, DIM, generator=g),)
     if name in ("mlp", "attention"):
         return (torch.randn(BATCH, SEQ, DIM, generator=g),)
     return (torch.randint(0, 2048, (BATCH, SEQ), generator=g),)
 
 
 def meta_model(name: str) -> nn.Module:
-    if name in ("mlp", "attention"):
+    if name in BLOCKS:
         with torch.device("meta"):
-            return MLP() if name == "mlp" else Attention()
+            return _block(name)
     return titan_model(name)
 
 
 def build(name: str):
-    if name in ("mlp", "attention"):
+    if name in BLOCKS:
         torch.manual_seed(0)
-        ref = MLP() if name == "mlp" else Attention()
+        ref = _block(name)
         return copy.deepcopy(ref), ref, inputs_of(name)
     return titan_model(name), titan_model(name), inputs_of(name)
 
@@ -124,7 +133,7 @@ def run_case(name: str, plan, mesh) -> dict:
     model, ref, inputs = build(name)
     model = apply_plan(model, plan, mesh, progress=lambda s: None)
     res: dict = {"init_equal": True}
-    if name not in ("mlp", "attention"):
+    if name not in BLOCKS:
         init_titan(model)
         init_titan(ref)
     # a tied weight stays one Parameter: one name in named_parameters, the same object twice

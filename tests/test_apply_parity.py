@@ -23,7 +23,7 @@ import math
 import torch
 
 from dist_harness import read_result, run_ranks
-from parity_models import MODELS, MOE_MODEL, TIED_MODEL, inputs_of, meta_model, parity_worker
+from parity_models import BLOCKS, MODELS, MOE_MODEL, TIED_MODEL, inputs_of, meta_model, parity_worker
 from titan_autopar import plan_model
 from titan_autopar.cli import fake_mesh
 from titan_autopar.solve.recipes import default_input_placements
@@ -39,8 +39,8 @@ def mesh_names(shape: tuple[int, ...], kind: str) -> tuple[str, ...]:
     return ("tp",) if kind == "tp" else ("dp_shard",)
 
 
-def make_plan(name: str, kind: str, shape: tuple[int, ...], path) -> None:
-    names = mesh_names(shape, kind)
+def make_plan(name: str, kind: str, shape: tuple[int, ...], path, names=None) -> None:
+    names = names or mesh_names(shape, kind)
     mesh = fake_mesh(names, shape)
     model = meta_model(name)
     inputs = tuple(x.to("meta") for x in inputs_of(name))
@@ -72,12 +72,13 @@ def test_parity_with_single_process_on_2x2(tmp_path):
     check_parity((2, 2), CI_CASES, tmp_path)
 
 
-def check_parity(shape, cases, tmp_path) -> dict:
-    """Plan, run and compare `cases` on `shape`; returns each case's figures."""
+def check_parity(shape, cases, tmp_path, names=None) -> dict:
+    """Plan, run and compare `cases` on `shape` (dims named `names`, else by `mesh_names`);
+    returns each case's figures."""
     plans = tmp_path / "plans"
     plans.mkdir()
     for m, k in cases:
-        make_plan(m, k, shape, plans / f"{m}-{k}.json")
+        make_plan(m, k, shape, plans / f"{m}-{k}.json", names)
     run_ranks(parity_worker, math.prod(shape), cases, str(plans), str(tmp_path))
     failures = []
     for m, k in cases:
@@ -90,7 +91,7 @@ def check_parity(shape, cases, tmp_path) -> dict:
              f"gradient rel error {r['grad_rel'][0]:.2e} ({r['worst_grad'][0]})"),
             (all(abs(a - b) <= LOSS_TOL * max(1.0, abs(b)) for a, b in zip(r["loss"], r["ref_loss"])),
              f"losses {r['loss']} vs reference {r['ref_loss']}"),
-            (r.get("input_grad_rel", 0.0) <= GRAD_TOL and (m not in ("mlp", "attention") or
+            (r.get("input_grad_rel", 0.0) <= GRAD_TOL and (m not in BLOCKS or
                                                            "input_grad_rel" in r),
              f"input gradient rel error {r.get('input_grad_rel')}"),
             (abs(r["grad_norm"] - r["ref_grad_norm"]) <= 1e-4 * r["ref_grad_norm"],

@@ -186,7 +186,7 @@ def plan_model(
     t = time.perf_counter()
     builder = OptionBuilder(mesh[names[0]], jg.manual_regions)
     pb = Problem(jg, blocks, builder, sizes, hw, prec,
-                 recompute=check_mode(activation_checkpointing))
+                 recompute=check_mode(activation_checkpointing), names=names)
     n_opts = sum(len(u.options) for u in pb.units)
     phases["enumerate"] = {"seconds": time.perf_counter() - t, "units": len(pb.units),
                            "options": n_opts, "edges": len(pb.edges)}

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed.tensor import DTensor, Partial, Replicate
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 from torch.utils import _pytree as pytree
@@ -39,7 +39,8 @@ from titan_autopar.graph.manual_ops import flat_sizes
 from titan_autopar.graph.recompute import blocks_by_position
 from titan_autopar.graph.trace import JointGraph
 from titan_autopar.plan import Plan, StalePlanError, parse_placement
-from titan_autopar.strategy.rules import own_rules
+from titan_autopar.apply.ring_attention import ring_backward, ring_forward
+from titan_autopar.strategy.rules import RING_OPS, SEQUENCE, is_causal, own_rules
 
 
 @dataclass
@@ -174,6 +175,9 @@ class _Runner:
                 vals.append(a)
         outs = [_pl(s) if s and s[0] != "-" else None for s in entry["out"]]
         if n.target in self.local_rules or n.target in REGION_OPS:
+            ring = [m for m, p in enumerate(ins[0]) if p == Shard(SEQUENCE)] if ins else []
+            if n.target in RING_OPS and ring:
+                return self.run_local(n, vals, spec, outs, ring_dim=ring[0])
             return self.run_local(n, vals, spec, outs)
         args, kwargs = pytree.tree_unflatten(vals, spec)
         try:
@@ -188,14 +192,17 @@ class _Runner:
                              for j, r in enumerate(res))
         return self.fix(res, outs[0], n.name)
 
-    def run_local(self, n: fx.Node, vals, spec, outs):
+    def run_local(self, n: fx.Node, vals, spec, outs, ring_dim: int | None = None):
         self.local_ops.add(str(n.target))
         local = [v.to_local() if isinstance(v, DTensor) else v for v in vals]
         args, kwargs = pytree.tree_unflatten(local, spec)
         metas = n.meta["val"]
         if n.target is REGION_FORWARD:  # the local shards its declared placements imply
             args = (*args[:3], *self.region_sizes[n.name])
-        res = n.target(*args, **kwargs)
+        if ring_dim is not None:  # attention on sequence shards: ring attention on that dim
+            res = self.run_ring(n, args, kwargs, ring_dim)
+        else:
+            res = n.target(*args, **kwargs)
 
         def wrap(r, meta, pl):
             if pl is None or not isinstance(r, torch.Tensor):
@@ -207,6 +214,18 @@ class _Runner:
             return type(res)(wrap(r, metas[j], outs[j] if j < len(outs) else None)
                              for j, r in enumerate(res))
         return wrap(res, metas, outs[0])
+
+    def run_ring(self, n: fx.Node, args, kwargs, dim: int):
+        """An attention op whose sequence the plan shards on mesh dim `dim`, on local shards."""
+        ring = (kwargs.get("scale"), is_causal(n), self.mesh.get_group(dim),
+                self.mesh.get_local_rank(dim), self.mesh.size(dim))
+        backward = "backward" in str(n.target)
+        dropout = 6 if backward else 3
+        if kwargs.get("attn_mask") is not None or (args[dropout] if len(args) > dropout else 0.0):
+            raise NotImplementedError(f"{n.name}: ring attention runs without a mask or dropout")
+        if backward:
+            return ring_backward(*args[:6], *ring)
+        return ring_forward(*args[:3], *ring)
 
     def __call__(self, placements, *locals_):
         gm = self.jg.gm

@@ -22,7 +22,7 @@ from titan_autopar.cost.hardware import Hardware
 
 @dataclass(frozen=True)
 class Step:
-    collective: str  # all_gather | all_reduce | reduce_scatter | all_to_all
+    collective: str  # all_gather | all_reduce | reduce_scatter | all_to_all | send_recv
     mesh_dim: int
     bytes: float  # bytes of the tensor as this collective sees it (unsharded on mesh_dim)
     seconds: float
@@ -49,6 +49,8 @@ class Topology:
         fit = self.fits.get((kind, k))
         if fit is not None:  # measured on this machine (cost/calibrate.py)
             return fit[0] * latency_share + fit[1] * nbytes
+        if kind == "send_recv":  # each rank sends `nbytes` to one peer and receives as many
+            return self.latency[dim] * latency_share + nbytes / self.bandwidth[dim]
         bw, lat = self.bandwidth[dim], self.latency[dim] * math.ceil(math.log2(k)) * latency_share
         frac = (k - 1) / k
         if kind == "all_reduce":

@@ -30,12 +30,14 @@ from titan_autopar.cost.compute import VIEW_OPS, compute_time
 from titan_autopar.cost.hardware import Hardware
 from titan_autopar.cost.memory import Precision, backward_nodes, base_of, saved_activations
 from titan_autopar.cost.regions import region_seconds, region_work
+from titan_autopar.cost.ring import ring_dims, ring_imbalance, ring_transfer_seconds
 from titan_autopar.graph.recompute import blocks_by_position, recomputable
 from titan_autopar.graph.blocks import Blocks
 from titan_autopar.graph.manual_ops import BACKWARD as REGION_BACKWARD
 from titan_autopar.graph.manual_ops import OPS as REGION_OPS
 from titan_autopar.graph.manual_ops import region_name
 from titan_autopar.graph.trace import JointGraph
+from titan_autopar.solve.recipes import CONTEXT
 from titan_autopar.strategy.options import (
     Option,
     OptionBuilder,
@@ -131,9 +133,12 @@ class Problem:
         hw: Hardware,
         prec: Precision,
         recompute: str = "none",
+        names: tuple[str, ...] = (),
     ):
         self.jg, self.blocks, self.hw, self.prec = jg, blocks, hw, prec
         self.sizes = tuple(mesh_shape)
+        # ring attention (a sequence-sharded attention op) is offered on context-parallel dims
+        self.context = [n in CONTEXT for n in names] or [False] * len(self.sizes)
         self.topo = Topology(self.sizes, hw)
         self.units: list[Unit] = []
         self.index: dict[fx.Node, int] = {}
@@ -281,6 +286,8 @@ class Problem:
         elif unit.pin is not None:
             want = unit.pin[m]
         if want is None:
+            if not self.context[m] and ring_dims(unit.node, unit.options):
+                return [s for s, o in enumerate(unit.options) if not ring_dims(unit.node, [o])]
             return list(range(len(unit.options)))
         return [s for s, o in enumerate(unit.options) if o.out[0] == want]
 
@@ -342,11 +349,18 @@ class Problem:
                 first = next((t for t in (*unit.outs, *unit.ins) if t is not None), None)
                 size = itemsize(first, prec) if first is not None else prec.activation
                 compute = w * compute_time(unit.node, split, traffic, self.hw, size)
+                ring = ring_dims(unit.node, opts)
+                if len(ring) > 1:  # one ring per op
+                    ok = False
+                elif ring:
+                    compute, own = self._ring(unit, opts, ring[0], compute, size)
+                    self._region_comm[key] = own * (2 if unit.recomputed else 1)
+                    compute += own
                 if unit.recomputed:  # once in the forward, once more in the backward
                     compute *= 2
                 for j in unit.saved:
                     mem["activations"] += w * out_local[j] * itemsize(unit.outs[j], prec)
-            res = (compute, mem)
+            res = (compute, mem) if ok else None
         self._unit_cache[key] = res
         return res
 
@@ -361,6 +375,17 @@ class Problem:
         return region_seconds(region_work(r), backward, tokens, self.hw, self.topo,
                               itemsize(x, self.prec))
 
+    def _ring(self, unit: Unit, opts, dim: int, compute: float, size: int) -> tuple[float, float]:
+        """(compute, exposed transfer seconds) of an attention op run as ring attention on
+        `dim` (`cost/ring.py`): the ring's imbalance on the compute, and the part of the
+        key/value rotations its compute does not hide."""
+        compute *= ring_imbalance(unit.node, self.sizes[dim])
+        k = 2 if "backward" in str(unit.node.target) else 1  # keys, values follow q
+        kv = sum((local_numel(unit.ins[j], tuple(o.ins[j] for o in opts), self.sizes) or 0)
+                 * itemsize(unit.ins[j], self.prec) for j in (k, k + 1))
+        moved = unit.weight * ring_transfer_seconds(unit.node, self.topo, dim, kv, size)
+        return compute, max(0.0, moved - compute)
+
     def hiding_compute(self, u: int, choice: tuple[int, ...], seconds: float) -> float:
         """The part of unit `u`'s `seconds` that parameter collectives can hide behind: none of
         a parameter's optimizer step (it runs after the backward) nor of a region's own comm."""
@@ -369,7 +394,8 @@ class Problem:
         return seconds - self.region_comm(u, choice)
 
     def region_comm(self, u: int, choice: tuple[int, ...]) -> float:
-        """Seconds of a region op's own collectives under `choice` (in `unit_price`'s time)."""
+        """Seconds of an op's own collectives under `choice` (in `unit_price`'s time): a
+        manual region's, or the exposed part of a ring attention's rotations."""
         if self.unit_price(u, choice) is None:
             return 0.0
         return self._region_comm.get((u, choice), 0.0)

@@ -18,18 +18,41 @@ aten = torch.ops.aten
 Rule = Callable[[fx.Node, int, int], list[list]]
 
 
+SEQUENCE = 2  # q, k, v are (batch, heads, seq, head_dim); the log-sum-exp (batch, heads, seq)
+
+
 def _attention_forward(node: fx.Node, n_out: int, n_in: int) -> list[list]:
-    """CPU flash attention: q, k, v are (batch, heads, seq, head_dim); shard batch or heads."""
+    """Attention: shard the batch or the heads; or the sequence, as ring attention
+    (`apply/ring_attention.py`), which a plan may choose on context-parallel dims only
+    (`solve/problem.py`) and only without an explicit mask."""
     # outputs: out (b,h,s,d), logsumexp (b,h,s); inputs: q, k, v (+ optional mask)
-    rules = []
-    for d in (0, 1):
-        rules.append([Shard(d)] * n_out + [Shard(d)] * n_in)
-    return rules
+    dims = (0, 1, SEQUENCE) if node.target in RING_OPS and n_in == 3 else (0, 1)
+    return [[Shard(d)] * (n_out + n_in) for d in dims]
 
 
 def _attention_backward(node: fx.Node, n_out: int, n_in: int) -> list[list]:
-    """Backward of CPU flash attention: every tensor shares the batch or the head sharding."""
-    return [[Shard(d)] * (n_out + n_in) for d in (0, 1)]
+    """Backward of attention: every tensor shares the batch, head or (ring) sequence sharding.
+    Inputs: grad, q, k, v, out, logsumexp (+ optional mask); outputs dq, dk, dv."""
+    dims = (0, 1, SEQUENCE) if node.target in RING_OPS and n_in == 6 else (0, 1)
+    return [[Shard(d)] * (n_out + n_in) for d in dims]
+
+
+def is_ring(node: fx.Node, placements) -> bool:
+    """Whether `placements` (one per mesh dim, of the op's first tensor input) shard an
+    attention op's sequence: it runs as ring attention on those dims."""
+    return node.target in RING_OPS and any(
+        isinstance(p, Shard) and p.dim == SEQUENCE for p in placements)
+
+
+def is_causal(node: fx.Node) -> bool:
+    """The `is_causal` argument of a CPU flash attention op (forward or backward)."""
+    k = 7 if "backward" in str(node.target) else 4
+    return bool(node.kwargs.get("is_causal", node.args[k] if len(node.args) > k else False))
+
+
+# the attention ops a plan may run as ring attention (flex attention is planned, not run)
+RING_OPS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default}
 
 
 def own_rules() -> dict[object, Rule]:
