@@ -7,6 +7,7 @@
 - A checkpoint saved by the recipe's run resumes under auto, and one saved under auto resumes
   under the recipe: both continue at step 11 with the same losses.
 - mixed_precision_param = "bfloat16" under auto follows the recipe's bf16 run.
+- cp=2 under auto (ring attention) follows TorchTitan's CP recipe (its own ring attention).
 - pp=2 under auto: each pipeline stage is planned on its own and trains like the recipe's pp=2.
 - The MoE debug model deepseek_v3 trains under auto without expert parallelism (its MoE blocks
   are data-parallel manual regions); with expert parallelism, and llama4 and qwen3, see
@@ -177,6 +178,29 @@ def test_pipeline_stages_are_planned_each(trained):
     assert "output.weight" in last["parameters"] and "tok_embeddings.weight" not in last["parameters"]
     assert first["fingerprint"]["inputs"] == [[[2, 256], "torch.int64"]]
     assert last["fingerprint"]["inputs"] == [[[2, 256, 256], "torch.float32"]]
+
+
+def test_context_parallel_under_auto_follows_the_recipe(trained):
+    """dp_shard=2 x cp=2: TorchTitan's CP recipe (its ring attention on head-tail shards) and
+    auto with cp_attention = "ring" (the plan's own ring on contiguous shards) train alike from
+    the same seed; the plan shards every attention op's sequence over cp."""
+    root, _ = trained
+    seed = root / "seed" / "checkpoint" / "step-0"
+    cp = ["--parallelism.context_parallel_degree", 2, "--parallelism.data_parallel_shard_degree", 2]
+    losses, logs = {}, {}
+    for name, config, extra in (("fsdp_cp2", FSDP, []),
+                                ("auto_cp2", AUTO, ["--auto_parallel.cp_attention", "ring"])):
+        run = _run(config, 4, "--job.dump_folder", root / name, "--checkpoint.enable",
+                   "--checkpoint.initial_load_path", seed, "--training.steps", 5, *cp, *extra)
+        losses[name], logs[name] = parse_losses(run.stdout), run.stdout
+    auto, fsdp = losses["auto_cp2"], losses["fsdp_cp2"]
+    assert sorted(auto) == list(range(1, 6)) and auto[5] < auto[1] - 0.5, auto
+    assert max(abs(auto[s] - fsdp[s]) for s in auto) <= LOSS_TOL, (auto, fsdp)
+    plan = json.loads((root / "auto_cp2" / "plan.json").read_text())
+    assert plan["mesh"]["names"] == ["dp_shard", "cp"] and plan["cp_attention"] == "ring"
+    attention = [v["in"][0] for v in plan["nodes"].values() if "flash_attention" in v["op"]]
+    assert len(attention) == 2 * 6 and all(pl[1] == "S(2)" for pl in attention), attention
+    assert "context_parallel_load_balancer 'headtail' -> None" in logs["auto_cp2"]
 
 
 def test_mixed_precision_under_auto_follows_the_recipe(trained):

@@ -95,6 +95,7 @@ def plan_model(
     progress=None,
     effort: str = "full",
     trace_cache: dict | None = None,
+    cp_attention: str = "cheapest",
 ) -> Plan:
     """Plan `model`'s training step on `mesh`: one placement per parameter and per graph node.
 
@@ -115,6 +116,9 @@ def plan_model(
     it refuses, before any program, a mesh whose memory floor is above the budget.
     `trace_cache` (a dict kept between calls) reuses the traced graph of a model planned again
     with the same input shapes, dtype and manual regions, e.g. on another mesh.
+    `cp_attention` is what attention may do on a cp dim: "cheapest" (default: shard its batch,
+    its heads or its sequence -- ring attention --, or replicate it, whichever is priced
+    lowest) or "ring" (shard its sequence, as TorchTitan's CP recipe does).
     """
     say = progress or log.info
     hw = get_hardware(hardware)
@@ -132,6 +136,9 @@ def plan_model(
         raise ValueError(f"unknown solver {solver!r}: use 'cbc' (default), 'highs', or 'joint' "
                          "(an exact check for small problems)")
     programs = "cbc" if solver == "joint" else solver  # what solves the descents' programs
+    if cp_attention not in ("cheapest", "ring"):
+        raise ValueError(f"unknown cp_attention {cp_attention!r}: use 'cheapest' (default) or "
+                         "'ring' (attention on a cp dim always sequence-sharded)")
     if effort not in ("full", "screen"):
         raise ValueError(f"unknown effort {effort!r}: use 'full' (default) or 'screen'")
     if effort == "screen" and solver == "joint":
@@ -186,7 +193,8 @@ def plan_model(
     t = time.perf_counter()
     builder = OptionBuilder(mesh[names[0]], jg.manual_regions)
     pb = Problem(jg, blocks, builder, sizes, hw, prec,
-                 recompute=check_mode(activation_checkpointing), names=names)
+                 recompute=check_mode(activation_checkpointing), names=names,
+                 ring_only=cp_attention == "ring")
     n_opts = sum(len(u.options) for u in pb.units)
     phases["enumerate"] = {"seconds": time.perf_counter() - t, "units": len(pb.units),
                            "options": n_opts, "edges": len(pb.edges)}
@@ -287,6 +295,7 @@ def plan_model(
     if solver == "joint":
         plan.data["solver"]["method"] = "one integer program over products of per-dim choices"
     plan.data["activation_checkpointing"] = activation_checkpointing
+    plan.data["cp_attention"] = cp_attention
     plan.data["param_dtype"] = str(param_dtype).removeprefix("torch.") if param_dtype else None
     phases["plan"] = {"seconds": time.perf_counter() - t}
     plan.timings = phases

@@ -124,6 +124,7 @@ def cmd_plan(a) -> int:
         a.local_batch_size, a.hardware = job.local_batch_size, a.hardware or job.hardware
         a.memory_budget_gib = a.memory_budget_gib or job.memory_budget_gib
         a.activation_checkpointing = job.activation_checkpointing
+        a.cp_attention = job.cp_attention if a.cp_attention is None else a.cp_attention
         a.param_dtype = job.param_dtype or "float32"  # the job computes in fp32: priced so
         a.mesh = ",".join(f"{n}={s}" for n, s in zip(job.mesh_names, job.mesh_sizes))
     a.hardware = a.hardware or "h100"
@@ -156,7 +157,7 @@ def cmd_plan(a) -> int:
                       param_dtype=getattr(torch, a.param_dtype) if a.param_dtype not in
                       (None, "float32") else None,
                       precision=Precision(exact_floats=True) if a.param_dtype == "float32" else None,
-                      progress=say)
+                      cp_attention=a.cp_attention or "cheapest", progress=say)
     plan.save(a.out, timings=a.timings)
     say(f"wrote {a.out}")
     if a.explain:
@@ -266,6 +267,10 @@ def main(argv=None) -> int:
     p.add_argument("--activation-checkpointing", default="none",
                    choices=["none", "selective", "full"],
                    help="recompute block activations in backward (TorchTitan's AC modes)")
+    p.add_argument("--cp-attention", default=None, choices=["cheapest", "ring"],
+                   help="attention on a cp dim: whatever is priced lowest (default: batch, heads "
+                   "or sequence -- ring attention -- sharded, or replicated), or always ring "
+                   "attention, as TorchTitan's CP recipe")
     p.add_argument("--param-dtype", default=None, choices=["bfloat16", "float32"],
                    help="compute with parameters cast to bfloat16 (mixed precision), or in "
                    "float32 throughout; default: priced as TorchTitan's bf16 default")

@@ -39,6 +39,7 @@ from titan_autopar.graph.manual_ops import flat_sizes
 from titan_autopar.graph.recompute import blocks_by_position
 from titan_autopar.graph.trace import JointGraph
 from titan_autopar.plan import Plan, StalePlanError, parse_placement
+from titan_autopar.apply.layout import laid_out_like, same_layout
 from titan_autopar.apply.ring_attention import ring_backward, ring_forward
 from titan_autopar.strategy.rules import RING_OPS, SEQUENCE, is_causal, own_rules
 
@@ -136,6 +137,15 @@ class _Runner:
             return self.to_dtensor(value, want)
         return value
 
+    def keep_layout(self, value: DTensor, meta: torch.Tensor) -> DTensor:
+        """`value` with its local tensor in the memory order the single-device value had
+        (`apply/layout.py`)."""
+        local = value.to_local()
+        if same_layout(local, meta):
+            return value
+        return DTensor.from_local(laid_out_like(local, meta), self.mesh, value.placements,
+                                  run_check=False, shape=value.shape, stride=meta.stride())
+
     def redistribute(self, value: DTensor, want: tuple) -> DTensor:
         """DTensor's redistribute, plus what it refuses and the plan may choose: a value made
         Partial (sum) on a dim where it is not -- it is kept whole on that dim's first rank and
@@ -168,7 +178,11 @@ class _Runner:
             if isinstance(a, fx.Node):
                 v = env[a]
                 if _is_tensor_node(a):
-                    v = self.fix(v, ins[k]) if k < len(ins) else v
+                    if k < len(ins):
+                        moved = isinstance(v, DTensor) and tuple(v.placements) != tuple(ins[k])
+                        v = self.fix(v, ins[k])
+                        if moved:  # a collective's result is contiguous: the op may need more
+                            v = self.keep_layout(v, a.meta["val"])
                     k += 1
                 vals.append(v)
             else:

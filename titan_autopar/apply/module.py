@@ -15,7 +15,9 @@
 Runtime convention: each input arrives as the local shard its input placement implies and the
 output leaves as the local shard of its output placement; a floating-point input that requires
 grad gets its gradient back as the local shard of its own placement (a pipeline stage sends it to
-the stage before).
+the stage before). A TorchTitan trainer with cp > 1 also passes `positions`, the sequence
+positions of the tokens it gives this rank: they must be the contiguous chunk the plan's
+placement of input 0 implies (its sequence shards are contiguous), else the call is refused.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections import Counter
 
 import torch
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from titan_autopar.apply.init import wrap_init_weights
 from titan_autopar.apply.interpret import LocalJoint, local_shape
@@ -64,6 +67,12 @@ class ParallelProgram:
         self.input_placements = pl[self.n_params + self.n_buffers : -1]
         self.output_placement = pl[-1]
         self.input_shapes = local.local_shapes[self.n_params + self.n_buffers : -1]
+        # the sequence positions this rank's shard of input 0 holds (tokens are (batch, seq))
+        first = [n for n in jg.gm.graph.nodes if n.op == "placeholder"][self.n_params + self.n_buffers]
+        shape = tuple(first.meta["val"].shape)
+        size, offset = compute_local_shape_and_global_offset(shape, mesh, self.input_placements[0]) \
+            if self.n_inputs else ((), ())
+        self.positions = (offset[1], size[1]) if len(shape) >= 2 else None
         # manual regions run their own code in this program's graphs
         self.runners = build_runners(model, jg.manual_regions, mesh)
         bind_runners([split.forward, split.backward, split.inference], self.runners)
@@ -96,7 +105,21 @@ class ParallelProgram:
         d = DTensor.from_local(b, self.mesh, (Replicate(),) * self.mesh.ndim, run_check=False)
         return d.redistribute(self.mesh, placements).to_local()
 
-    def __call__(self, model: torch.nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
+    def check_positions(self, positions: torch.Tensor) -> None:
+        """Refuse `positions` other than this rank's contiguous chunk of the sequence."""
+        start, n = self.positions or (0, 0)
+        want = torch.arange(start, start + n, dtype=positions.dtype, device=positions.device)
+        if positions.shape[-1] != n or not torch.equal(positions.reshape(-1, n)[0], want):
+            raise ValueError(
+                f"positions {positions.reshape(-1, positions.shape[-1])[0, :4].tolist()}...: the "
+                f"plan's sequence shard on this rank is positions {start}..{start + n - 1} "
+                "(contiguous chunks). Under TorchTitan set [parallelism] "
+                "context_parallel_load_balancer to None (auto = true does this itself)")
+
+    def __call__(self, model: torch.nn.Module, *inputs: torch.Tensor,
+                 positions: torch.Tensor | None = None) -> torch.Tensor:
+        if positions is not None:
+            self.check_positions(positions)
         if len(inputs) != self.n_inputs:
             raise TypeError(f"the planned model takes {self.n_inputs} inputs, got {len(inputs)}")
         for i, (x, shape) in enumerate(zip(inputs, self.input_shapes)):
@@ -180,6 +203,6 @@ def parallelize_module(model, plan, mesh, jg, local: LocalJoint, split: Split):
                 new = _distribute(getattr(owner, leaf), mesh, placements)
             owner.register_parameter(leaf, new)
     model.autopar = program  # a plain attribute: no state_dict entries
-    model.forward = lambda *inputs: program(model, *inputs)
+    model.forward = lambda *inputs, positions=None: program(model, *inputs, positions=positions)
     wrap_init_weights(model)
     return model

@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 import torch.distributed._functional_collectives as funcol
 
+from titan_autopar.apply.layout import laid_out_like
+
 aten = torch.ops.aten
 FORWARD = aten._scaled_dot_product_flash_attention_for_cpu.default
 BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
@@ -45,13 +47,13 @@ def ring_forward(q, k, v, scale, causal: bool, group, rank: int, n: int):
     """(out, logsumexp) of attention of this rank's sequence chunk over the whole ring. The next
     chunk's keys and values are sent on before this one's block is computed, so the transfer
     can run behind it."""
-    acc = lse = None
+    acc = lse = first = None
     for step in range(n):
         if step < n - 1:
             k_next, v_next = _rotate(k, group, n), _rotate(v, group, n)
         o, s = FORWARD(q, k, v, 0.0, causal and step == 0, scale=scale)
         if acc is None:
-            acc, lse = o.to(torch.promote_types(o.dtype, torch.float32)), s
+            acc, lse, first = o.to(torch.promote_types(o.dtype, torch.float32)), s, o
         else:
             s = s + (0.0 if _visible(rank, step, n, causal) else float("-inf"))
             new = torch.logaddexp(lse, s)
@@ -60,13 +62,13 @@ def ring_forward(q, k, v, scale, causal: bool, group, rank: int, n: int):
             lse = new
         if step < n - 1:
             k, v = k_next, v_next
-    return acc.to(q.dtype), lse
+    return laid_out_like(acc.to(q.dtype), first), lse
 
 
 def ring_backward(grad, q, k, v, out, lse, scale, causal: bool, group, rank: int, n: int):
     """(dq, dk, dv) of `ring_forward`, each for this rank's chunk."""
     wide = torch.promote_types(q.dtype, torch.float32)  # accumulate at least in fp32
-    dq = dk = dv = None
+    dq = dk = dv = first = None
     for step in range(n):
         if step < n - 1:
             k_next, v_next = _rotate(k, group, n), _rotate(v, group, n)
@@ -74,7 +76,7 @@ def ring_backward(grad, q, k, v, out, lse, scale, causal: bool, group, rank: int
         hide = lse if _visible(rank, step, n, causal) or step == 0 else lse + float("inf")
         gq, gk, gv = BACKWARD(grad, q, k, v, out, hide, 0.0, causal and step == 0, scale=scale)
         if dq is None:
-            dq, dk, dv = gq.to(wide), gk.to(wide), gv.to(wide)
+            dq, dk, dv, first = gq.to(wide), gk.to(wide), gv.to(wide), (gq, gk, gv)
         else:
             dq, dk, dv = dq + gq.to(wide), dk + gk.to(wide), dv + gv.to(wide)
         # the gradients of the keys and values held now go on with them; after the last step
@@ -82,4 +84,5 @@ def ring_backward(grad, q, k, v, out, lse, scale, causal: bool, group, rank: int
         dk, dv = _rotate(dk, group, n), _rotate(dv, group, n)
         if step < n - 1:
             k, v = k_next, v_next
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    # each in the memory order the kernel gives its own (the model may view them so)
+    return tuple(laid_out_like(g.to(x.dtype), ref) for g, x, ref in zip((dq, dk, dv), (q, k, v), first))

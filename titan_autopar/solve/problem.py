@@ -134,11 +134,13 @@ class Problem:
         prec: Precision,
         recompute: str = "none",
         names: tuple[str, ...] = (),
+        ring_only: bool = False,
     ):
         self.jg, self.blocks, self.hw, self.prec = jg, blocks, hw, prec
         self.sizes = tuple(mesh_shape)
         # ring attention (a sequence-sharded attention op) is offered on context-parallel dims
         self.context = [n in CONTEXT for n in names] or [False] * len(self.sizes)
+        self.ring_only = ring_only  # and, if set, the only attention a context dim may take
         self.topo = Topology(self.sizes, hw)
         self.units: list[Unit] = []
         self.index: dict[fx.Node, int] = {}
@@ -286,8 +288,9 @@ class Problem:
         elif unit.pin is not None:
             want = unit.pin[m]
         if want is None:
-            if not self.context[m] and ring_dims(unit.node, unit.options):
-                return [s for s, o in enumerate(unit.options) if not ring_dims(unit.node, [o])]
+            if ring_dims(unit.node, unit.options) and (self.ring_only or not self.context[m]):
+                ring = self.context[m]  # a context dim under ring_only: the ring alone
+                return [s for s, o in enumerate(unit.options) if bool(ring_dims(unit.node, [o])) == ring]
             return list(range(len(unit.options)))
         return [s for s, o in enumerate(unit.options) if o.out[0] == want]
 

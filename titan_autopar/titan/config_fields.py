@@ -38,6 +38,11 @@ class AutoParallel:
     measure this job's ranks at start, once per machine (cached)."""
     memory_budget_gib: float = 0.0
     """Per-device memory budget for the plan; 0 means the preset's memory."""
+    cp_attention: str = "cheapest"
+    """What attention may do on the cp dim: "cheapest" (shard its batch, its heads or its
+    sequence -- ring attention --, or replicate it, whichever the plan prices lowest) or "ring"
+    (always ring attention on sequence shards, as TorchTitan's CP recipe). Sequence shards are
+    contiguous under auto: context_parallel_load_balancer is set to None."""
     solver: str = "cbc"
     """cbc (default) or highs."""
     time_limit_s: float = 0.0

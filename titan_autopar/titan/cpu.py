@@ -125,6 +125,51 @@ def _patch_moe_permutation() -> None:
     moe_utils.generate_permute_indices = generate_permute_indices
 
 
+def _patch_cp_cpu_attention() -> None:
+    """TorchTitan's CP recipe routes attention on sequence-sharded DTensors to torch's ring
+    attention, which knows the GPU kernels only (flash, efficient, cudnn); on CPU, SDPA runs
+    `_scaled_dot_product_flash_attention_for_cpu`. Hand the CPU kernel (forward and backward)
+    to the same templated ring, with its own argument names, while TorchTitan's CP dispatcher
+    is on. Under auto = true nothing here runs: the plan's ring is titan_autopar's own."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.experimental._context_parallel import _attention as cp
+
+    aten = torch.ops.aten
+    fwd = aten._scaled_dot_product_flash_attention_for_cpu.default
+    bwd = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+    if fwd in cp.custom_ops:
+        return
+
+    def arg(args, kwargs, i, name, default):
+        return args[i] if len(args) > i else kwargs.get(name, default)
+
+    def wrap(local, like, shape):
+        stride = torch.empty(shape, device="meta").stride()
+        return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False,
+                                  shape=torch.Size(shape), stride=stride)
+
+    def forward(op_call, args, kwargs):
+        q, k, v = args[:3]
+        out, lse, *_ = cp._templated_ring_attention(
+            q.device_mesh.get_group(), 2, fwd, query=q.to_local(), key=k.to_local(),
+            value=v.to_local(), is_causal=arg(args, kwargs, 4, "is_causal", False),
+            dropout_p=arg(args, kwargs, 3, "dropout_p", 0.0), scale=kwargs.get("scale"))
+        return (wrap(out, q, (*q.shape[:-1], v.shape[-1])), wrap(lse, q, tuple(q.shape[:-1])))
+
+    def backward(op_call, args, kwargs):
+        grad, q, k, v, out, lse = args[:6]
+        dq, dk, dv, *_ = cp._templated_ring_attention_backward(
+            q.device_mesh.get_group(), 2, bwd, grad_out=grad.to_local(), grad_out_name="grad_out",
+            query=q.to_local(), key=k.to_local(), value=v.to_local(), out=out.to_local(),
+            logsumexp=lse.to_local(), is_causal=arg(args, kwargs, 7, "is_causal", False),
+            dropout_p=arg(args, kwargs, 6, "dropout_p", 0.0), scale=kwargs.get("scale"))
+        return (wrap(dq, q, tuple(q.shape)), wrap(dk, k, tuple(k.shape)),
+                wrap(dv, v, tuple(v.shape)))
+
+    cp.custom_ops[fwd] = forward  # merged into DTensor's handlers when CP is enabled
+    cp.custom_ops[bwd] = backward
+
+
 # name -> patch, with what a 4-rank run does without it. The device type goes first: torchtitan
 # fixes its device type when first imported (moe_permutation imports it).
 PATCHES = {
@@ -136,6 +181,9 @@ PATCHES = {
     "histc_int": _patch_histc_int,
     # RuntimeError: 0 active drivers (triton; MoE with expert_parallel_degree > 1 only)
     "moe_permutation": _patch_moe_permutation,
+    # NotImplementedError: Operator aten._scaled_dot_product_flash_attention_for_cpu.default
+    # does not have a sharding strategy registered (the recipe with context_parallel_degree > 1)
+    "cp_cpu_attention": _patch_cp_cpu_attention,
 }
 
 

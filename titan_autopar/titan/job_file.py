@@ -34,13 +34,20 @@ class PlanningJob:
     manual_modules: tuple[str, ...] = ()
     manual_style: str = "torchtitan_ep"
     search_degrees: bool = False
+    cp_attention: str = "cheapest"
 
 
-def planner_mesh(dp_replicate: int, dp_shard: int, tp: int,
-                 ep: int = 1) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """The planner's mesh dims for these degrees, outermost first, degree-1 dims left out. The
-    ep ranks are carved out of the data-parallel shard ranks, innermost, as TorchTitan's dp2ep
-    does: (dp_replicate, dp_shard / ep, ep, tp)."""
+def planner_mesh(dp_replicate: int, dp_shard: int, tp: int, ep: int = 1,
+                 cp: int = 1) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The planner's mesh dims for these degrees, outermost first, degree-1 dims left out, in
+    TorchTitan's order (dp_replicate, dp_shard, cp, tp), so each rank holds the same data in
+    both. The ep ranks are carved out of the data-parallel shard ranks, innermost, as
+    TorchTitan's dp2ep does: (dp_replicate, dp_shard / ep, ep, tp)."""
+    if ep > 1 and cp > 1:
+        raise ConfigError(
+            f"expert_parallel_degree = {ep} with context_parallel_degree = {cp}: under auto the "
+            "ep ranks are carved out of the data-parallel ranks only, and cp with ep is not "
+            "planned yet. Set one of them to 1 (or use auto = false for TorchTitan's recipe)")
     if ep > 1 and dp_shard % ep:
         raise ConfigError(
             f"expert_parallel_degree = {ep} must divide data_parallel_shard_degree = {dp_shard} "
@@ -48,7 +55,7 @@ def planner_mesh(dp_replicate: int, dp_shard: int, tp: int,
             "tensor-parallel ranks is not planned yet): choose an ep degree that divides "
             f"{dp_shard}")
     dims = [(n, s) for n, s in (("dp_replicate", dp_replicate), ("dp_shard", dp_shard // ep),
-                                ("ep", ep), ("tp", tp)) if s > 1] or [("dp_shard", 1)]
+                                ("ep", ep), ("cp", cp), ("tp", tp)) if s > 1] or [("dp_shard", 1)]
     names, sizes = zip(*dims)
     return tuple(names), tuple(sizes)
 
@@ -91,13 +98,13 @@ def planning_job(path: str | Path) -> PlanningJob:
         raise ValueError(f"{path}: data_parallel_shard_degree = {deg['data_parallel_shard']}; "
                          "planning ahead needs the cluster size: write the degree out (e.g. 64 "
                          "for 64 GPUs with no other parallelism)")
-    for k in ("pipeline_parallel", "context_parallel"):
-        if deg[k] > 1:
-            raise ValueError(f"{path}: {k}_degree = {deg[k]}: `plan --config` plans the whole "
-                             "model on one mesh; pipeline stages are planned when the job runs, "
-                             "and cp is not planned under auto. Set it to 1 to plan ahead.")
+    if deg["pipeline_parallel"] > 1:
+        raise ValueError(f"{path}: pipeline_parallel_degree = {deg['pipeline_parallel']}: "
+                         "`plan --config` plans the whole model on one mesh; pipeline stages are "
+                         "planned when the job runs. Set it to 1 to plan ahead.")
     names, sizes = planner_mesh(deg["data_parallel_replicate"], deg["data_parallel_shard"],
-                                deg["tensor_parallel"], deg["expert_parallel"])
+                                deg["tensor_parallel"], deg["expert_parallel"],
+                                deg["context_parallel"])
     world = 1
     for s in sizes:
         world *= s
@@ -114,4 +121,5 @@ def planning_job(path: str | Path) -> PlanningJob:
         expert_parallel=deg["expert_parallel"],
         manual_modules=tuple(ap.get("manual_modules", ())),
         manual_style=ap.get("manual_style", "torchtitan_ep"),
-        search_degrees=bool(ap.get("search_degrees", False)))
+        search_degrees=bool(ap.get("search_degrees", False)),
+        cp_attention=ap.get("cp_attention", "cheapest"))

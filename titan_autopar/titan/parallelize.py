@@ -94,12 +94,21 @@ def _log():
 def mesh_dims(parallel_dims) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """The planner's mesh dims from the config's degrees (degree-1 dims left out)."""
     pd = parallel_dims
-    if pd.cp > 1:
-        raise AutoConfigError(
-            f"context_parallel_degree = {pd.cp} with auto = true: the planner has no ring "
-            "attention yet, so cp cannot be planned. Set context_parallel_degree = 1 (and give "
-            "the ranks to data_parallel_shard_degree), or use auto = false for TorchTitan's CP.")
-    return planner_mesh(pd.dp_replicate, pd.dp_shard, pd.tp, pd.ep)
+    return planner_mesh(pd.dp_replicate, pd.dp_shard, pd.tp, pd.ep, pd.cp)
+
+
+def contiguous_sequence_shards(parallel_dims, job_config, log) -> None:
+    """With cp > 1, TorchTitan's trainer cuts each sequence into cp shards before the forward
+    (`prepare_context_parallel_input`), by default head-tail for load balance. The plan's
+    sequence shards (and its ring attention) are contiguous chunks, so under auto the trainer is
+    told to cut contiguous ones (load balancer None); the model checks the positions it is
+    given each step."""
+    par = job_config.parallelism
+    if parallel_dims.cp > 1 and par.context_parallel_load_balancer is not None:
+        log.info(f"[titan_autopar] cp = {parallel_dims.cp}: sequence shards are contiguous under "
+                 f"auto (context_parallel_load_balancer {par.context_parallel_load_balancer!r} -> "
+                 "None); the plan prices the ring attention's imbalance")
+        par.context_parallel_load_balancer = None
 
 
 _MESHES: dict[tuple, object] = {}
@@ -221,6 +230,9 @@ def replay_differences(plan, model, tokens, names, sizes, job_config, *,
         if plan.data.get("memory_budget_gib") != budget:
             out.append(f"memory budget: plan has {plan.data.get('memory_budget_gib')} GiB, the job "
                        f"{budget} GiB")
+        if plan.data.get("cp_attention", "cheapest") != ap.cp_attention:
+            out.append(f"cp attention: plan has {plan.data.get('cp_attention', 'cheapest')!r}, "
+                       f"the job {ap.cp_attention!r}")
         if plan.data.get("solver", {}).get("name") != ap.solver:
             out.append(f"solver: plan has {plan.data.get('solver', {}).get('name')!r}, the job "
                        f"{ap.solver!r}")
@@ -303,6 +315,7 @@ def _plan(model, mesh, tokens, names, job_config, tag):
                 activation_checkpointing=job_config.activation_checkpoint.mode,
                 param_dtype=compute_dtype(model, job_config),
                 precision=job_precision(model, job_config),
+                cp_attention=ap.cp_attention,
                 progress=lambda s: log.info(f"[titan_autopar] {s}"),
             )
         plan_json = plan.to_json()
@@ -324,6 +337,7 @@ def plan_and_apply(model, parallel_dims, job_config):
     resolve_hardware(job_config, log)  # a profile of another machine, or "calibrate"
     get_hardware(job_config.auto_parallel.hardware)  # an unknown preset fails here, clearly
     names, sizes = mesh_dims(parallel_dims)
+    contiguous_sequence_shards(parallel_dims, job_config, log)
     ap = job_config.auto_parallel
     marked = mark_job_regions(model, parallel_dims.ep, ap.manual_modules, ap.manual_style)
     if marked:
