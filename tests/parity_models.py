@@ -89,8 +89,8 @@ def _block(name: str) -> nn.Module:
 
 def inputs_of(name: str) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(1)
-    if name == RING_MODEL:
-        return (torch.randn(1, SEQ, DIM, generator=g),)
+    if name == RING_MODEL:  # 36: even shards on 2 ranks (the balanced ring), odd on 4 (plain)
+        return (torch.randn(1, 36, DIM, generator=g),)
     if name in ("mlp", "attention"):
         return (torch.randn(BATCH, SEQ, DIM, generator=g),)
     return (torch.randint(0, 2048, (BATCH, SEQ), generator=g),)

@@ -48,6 +48,7 @@ def make_plan(name: str, kind: str, shape: tuple[int, ...], path, names=None) ->
                 "tp": {"parameter_placements": "fsdp_tp"},
                 "auto": {"output_placements": [default_input_placements(names, torch.empty(1, 1, 1))]}}
     # activation checkpointing: the plan's program recomputes each block's activations
+    keywords["ring"] = {**keywords["auto"], "cp_attention": "ring"}  # attention on cp: a ring
     for mode in ("full", "selective"):
         keywords[f"ac_{mode}"] = {**keywords["auto"], "activation_checkpointing": mode}
     plan = plan_model(model, mesh, inputs, progress=lambda s: None, **keywords[kind])

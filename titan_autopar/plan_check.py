@@ -274,6 +274,9 @@ def check_plan_data(d: dict, source) -> None:
     if ac not in CHECKPOINTING:
         _fail(src, "activation_checkpointing", f"found {_kind(ac)}; expected one of "
               f"{', '.join(CHECKPOINTING)}")
+    ca = d.get("cp_attention", "cheapest")
+    if ca not in ("cheapest", "ring"):
+        _fail(src, "cp_attention", f"found {_kind(ca)}; expected cheapest or ring")
     dt = d.get("param_dtype")
     if dt is not None and dt not in DTYPES:
         _fail(src, "param_dtype", f"found {_kind(dt)}; expected null or one of {', '.join(DTYPES)}")

@@ -213,8 +213,10 @@ class _Runner:
         metas = n.meta["val"]
         if n.target is REGION_FORWARD:  # the local shards its declared placements imply
             args = (*args[:3], *self.region_sizes[n.name])
-        if ring_dim is not None:  # attention on sequence shards: ring attention on that dim
-            res = self.run_ring(n, args, kwargs, ring_dim)
+        if ring_dim is not None:  # attention on sequence shards: ring attention on that dim,
+            # its results in the memory order the kernel gives its own (the model may view them)
+            res = [laid_out_like(r, m) for r, m in zip(self.run_ring(n, args, kwargs, ring_dim),
+                                                         metas)]
         else:
             res = n.target(*args, **kwargs)
 

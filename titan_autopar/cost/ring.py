@@ -1,22 +1,25 @@
 """Prices of ring attention: attention whose sequence a plan shards over a context-parallel dim.
 
 `apply/ring_attention.py` runs it. On a ring of n ranks, each rank:
-  compute   n blocks of (seq/n)^2: its own chunk under the causal mask (half a block) and n-1
-            full blocks (masked ones included: every rank runs the same program), i.e.
-            (2n - 1) / n times the balanced share of causal attention's work
-            (`RING_IMBALANCE`; 1 for non-causal attention)
+  compute   load-balanced causal attention (head-tail halves; a local sequence of even length):
+            the balanced share, 1/n of the work; otherwise (odd length) the contiguous ring,
+            whose every rank runs n blocks of (seq/n)^2 -- its own chunk under the causal mask
+            and n-1 full ones, masked ones included --, (2n - 1) / n times the balanced share
+            (`ring_imbalance`; 1 for non-causal attention)
   forward   n - 1 rotations of its keys and values (one send and one receive each)
   backward  n - 1 rotations of keys and values, and n of their two gradient accumulators
             (kept in fp32 where the compute dtype is narrower)
-Each rotation is sent before the block it runs beside, so the transfers hide behind the
-attention's own compute: exposed = max(0, transfers - compute).
+  re-layout the balanced ring's all-to-alls into head-tail order and back: every input and
+            output of the op moves once (`ring_relayout_seconds`), not hidden
+Each rotation is sent before the block it runs beside, so the rotations hide behind the
+attention's own compute: exposed = re-layout + max(0, rotations - compute).
 """
 
 from __future__ import annotations
 
 from torch.distributed.tensor import Shard
 
-from titan_autopar.strategy.rules import RING_OPS, SEQUENCE, is_causal
+from titan_autopar.strategy.rules import RING_OPS, SEQUENCE, balanced, is_causal
 
 
 def ring_dims(node, opts) -> list[int]:
@@ -26,9 +29,20 @@ def ring_dims(node, opts) -> list[int]:
     return [m for m, o in enumerate(opts) if isinstance(o.ins[0], Shard) and o.ins[0].dim == SEQUENCE]
 
 
-def ring_imbalance(node, n: int) -> float:
-    """The ring's compute over a balanced split's (causal attention on a contiguous layout)."""
-    return (2 * n - 1) / n if is_causal(node) else 1.0
+def ring_imbalance(node, n: int, local_len: int) -> float:
+    """The ring's compute over a balanced split's: 1 for the load-balanced ring and for
+    non-causal attention; (2n - 1) / n for causal attention on contiguous chunks."""
+    if not is_causal(node) or balanced(True, local_len, n):
+        return 1.0
+    return (2 * n - 1) / n
+
+
+def ring_relayout_seconds(node, topo, dim: int, local_len: int, op_bytes: float) -> float:
+    """Seconds of the balanced ring's re-layout: `op_bytes` (this rank's inputs and outputs of
+    the op) through one-peer exchanges; 0 where the ring runs unbalanced."""
+    if not balanced(is_causal(node), local_len, topo.sizes[dim]):
+        return 0.0
+    return topo.collective_time("send_recv", dim, op_bytes)
 
 
 def ring_transfer_seconds(node, topo, dim: int, kv_bytes: float, itemsize: int) -> float:

@@ -30,7 +30,8 @@ from titan_autopar.cost.compute import VIEW_OPS, compute_time
 from titan_autopar.cost.hardware import Hardware
 from titan_autopar.cost.memory import Precision, backward_nodes, base_of, saved_activations
 from titan_autopar.cost.regions import region_seconds, region_work
-from titan_autopar.cost.ring import ring_dims, ring_imbalance, ring_transfer_seconds
+from titan_autopar.cost.ring import (ring_dims, ring_imbalance, ring_relayout_seconds,
+                                     ring_transfer_seconds)
 from titan_autopar.graph.recompute import blocks_by_position, recomputable
 from titan_autopar.graph.blocks import Blocks
 from titan_autopar.graph.manual_ops import BACKWARD as REGION_BACKWARD
@@ -38,6 +39,7 @@ from titan_autopar.graph.manual_ops import OPS as REGION_OPS
 from titan_autopar.graph.manual_ops import region_name
 from titan_autopar.graph.trace import JointGraph
 from titan_autopar.solve.recipes import CONTEXT
+from titan_autopar.strategy.rules import SEQUENCE
 from titan_autopar.strategy.options import (
     Option,
     OptionBuilder,
@@ -356,7 +358,7 @@ class Problem:
                 if len(ring) > 1:  # one ring per op
                     ok = False
                 elif ring:
-                    compute, own = self._ring(unit, opts, ring[0], compute, size)
+                    compute, own = self._ring(unit, opts, ring[0], compute, size, traffic)
                     self._region_comm[key] = own * (2 if unit.recomputed else 1)
                     compute += own
                 if unit.recomputed:  # once in the forward, once more in the backward
@@ -378,16 +380,24 @@ class Problem:
         return region_seconds(region_work(r), backward, tokens, self.hw, self.topo,
                               itemsize(x, self.prec))
 
-    def _ring(self, unit: Unit, opts, dim: int, compute: float, size: int) -> tuple[float, float]:
+    def _ring(self, unit: Unit, opts, dim: int, compute: float, size: int,
+              op_bytes: float) -> tuple[float, float]:
         """(compute, exposed transfer seconds) of an attention op run as ring attention on
-        `dim` (`cost/ring.py`): the ring's imbalance on the compute, and the part of the
-        key/value rotations its compute does not hide."""
-        compute *= ring_imbalance(unit.node, self.sizes[dim])
+        `dim` (`cost/ring.py`): the ring's imbalance on the compute, its re-layout, and the
+        part of the key/value rotations its compute does not hide."""
         k = 2 if "backward" in str(unit.node.target) else 1  # keys, values follow q
+        local_len = unit.ins[k].shape[SEQUENCE]
+        for o, s in zip(opts, self.sizes):
+            if isinstance(o.ins[k], Shard) and o.ins[k].dim == SEQUENCE:
+                local_len //= s
+        n = self.sizes[dim]
+        compute *= ring_imbalance(unit.node, n, local_len)
         kv = sum((local_numel(unit.ins[j], tuple(o.ins[j] for o in opts), self.sizes) or 0)
                  * itemsize(unit.ins[j], self.prec) for j in (k, k + 1))
-        moved = unit.weight * ring_transfer_seconds(unit.node, self.topo, dim, kv, size)
-        return compute, max(0.0, moved - compute)
+        w = unit.weight
+        moved = w * ring_transfer_seconds(unit.node, self.topo, dim, kv, size)
+        relayout = w * ring_relayout_seconds(unit.node, self.topo, dim, local_len, op_bytes)
+        return compute, relayout + max(0.0, moved - compute)
 
     def hiding_compute(self, u: int, choice: tuple[int, ...], seconds: float) -> float:
         """The part of unit `u`'s `seconds` that parameter collectives can hide behind: none of

@@ -13,8 +13,9 @@ that need no trace:
     spread over every rank that can shard it (dp_shard x tp) must fit the memory budget: no plan
     on that mesh can do better.
 
-cp and pp stay 1: the planner does not plan context parallelism yet, and pipeline stages are
-planned per stage when a job runs (their bubbles are not priced). The memory floor with
+cp and pp stay 1: a cp dim is planned (ring attention) but its degrees are not enumerated
+here yet, and pipeline stages are planned per stage when a job runs (their bubbles are not
+priced). The memory floor with
 activations, which needs the traced graph, and the plans themselves are the caller's
 (`titan/degree_search.py`); `rank_rows` orders what they found.
 """

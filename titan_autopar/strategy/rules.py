@@ -50,6 +50,12 @@ def is_causal(node: fx.Node) -> bool:
     return bool(node.kwargs.get("is_causal", node.args[k] if len(node.args) > k else False))
 
 
+def balanced(causal: bool, local_len: int, n: int) -> bool:
+    """Whether ring attention on n ranks runs load-balanced (head-tail halves): causal, with a
+    local sequence of even length (`apply/ring_attention.py`, priced by `cost/ring.py`)."""
+    return causal and n > 1 and local_len % 2 == 0
+
+
 # the attention ops a plan may run as ring attention (flex attention is planned, not run)
 RING_OPS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default}
