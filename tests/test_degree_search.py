@@ -40,6 +40,19 @@ def test_experts_and_nodes_bound_ep_and_tp():
     assert tp8.reason == "tp or ep spans nodes of 4 GPUs"
 
 
+def test_cp_round_bounds_the_sequence_and_counts_cp_in_the_state_floor():
+    """The cp > 1 round (taken when nothing with cp = 1 fits): cp must cut the sequence into
+    2 x cp equal halves, and the parameter state spreads over dp_shard x cp x tp."""
+    shape = ModelShape(params=8 * 2**30, n_heads=4, n_kv_heads=4)  # 128 GiB of state
+    cands = {c.degrees: c for c in candidate_degrees(8, 8, shape, budget_gib=40.0, cp=True,
+                                                       seq_len=12)}
+    assert all(d.cp > 1 for d in cands)
+    assert cands[Degrees(1, 4, 1, 1, 2)].reason == ""  # 12 tokens in 4 halves of 3
+    assert cands[Degrees(1, 2, 1, 1, 4)].reason == "cp=4 does not cut the 12 tokens into 8 equal halves"
+    assert "64 GiB per rank over dp_shard x cp x tp = 2" in cands[Degrees(4, 1, 1, 1, 2)].reason
+    assert Degrees(1, 4, 1, 1, 2).toml().count("context_parallel_degree = 2") == 1
+
+
 CONFIG = """
 [model]
 name = "llama3"

@@ -13,9 +13,12 @@ that need no trace:
     spread over every rank that can shard it (dp_shard x tp) must fit the memory budget: no plan
     on that mesh can do better.
 
-cp and pp stay 1: a cp dim is planned (ring attention) but its degrees are not enumerated
-here yet, and pipeline stages are planned per stage when a job runs (their bubbles are not
-priced). The memory floor with
+cp > 1 is a second round (`candidate_degrees(cp=True)`), taken only when no degrees with cp = 1
+fit or the job itself has cp > 1: it splits each sequence, which pays where activations do not
+fit otherwise. cp must divide the sequence into 2 x cp equal halves (the load-balanced ring),
+stays within a node as tp and ep do (unless nothing else fits), and is not combined with ep
+(not planned under auto). pp stays 1: pipeline stages are planned per stage when a job runs
+(their bubbles are not priced). The memory floor with
 activations, which needs the traced graph, and the plans themselves are the caller's
 (`titan/degree_search.py`); `rank_rows` orders what they found.
 """
@@ -44,12 +47,15 @@ class Degrees:
     dp_shard: int
     tp: int
     ep: int = 1
+    cp: int = 1
 
     @property
     def label(self) -> str:
         parts = [f"dp_replicate={self.dp_replicate}", f"dp_shard={self.dp_shard}", f"tp={self.tp}"]
         if self.ep > 1:
             parts.append(f"ep={self.ep}")
+        if self.cp > 1:
+            parts.append(f"cp={self.cp}")
         return " ".join(parts)
 
     def toml(self) -> str:
@@ -58,7 +64,7 @@ class Degrees:
                 f"data_parallel_replicate_degree = {self.dp_replicate}\n"
                 f"data_parallel_shard_degree = {self.dp_shard}\n"
                 f"tensor_parallel_degree = {self.tp}\n"
-                "context_parallel_degree = 1\n"
+                f"context_parallel_degree = {self.cp}\n"
                 "pipeline_parallel_degree = 1\n"
                 f"expert_parallel_degree = {self.ep}\n")
 
@@ -76,40 +82,49 @@ def divisors(n: int) -> list[int]:
 
 
 def state_floor_gib(shape: ModelShape, d: Degrees) -> float:
-    return shape.params * shape.state_bytes_per_param / (d.dp_shard * d.tp) / GiB
+    return shape.params * shape.state_bytes_per_param / (d.dp_shard * d.cp * d.tp) / GiB
 
 
 def candidate_degrees(world: int, gpus_per_node: int, shape: ModelShape,
-                      budget_gib: float) -> list[Candidate]:
+                      budget_gib: float, *, cp: bool = False,
+                      seq_len: int = 0) -> list[Candidate]:
     """Every factorization of `world`, in a fixed order (tp, then ep, then dp_replicate
-    ascending), each with the reason it is set aside or none."""
+    ascending), each with the reason it is set aside or none; with `cp`, those with cp > 1
+    instead (cp, then tp, then dp_replicate), for a sequence of `seq_len` tokens."""
     if world < 1:
         raise ValueError(f"the job has {world} ranks: the degree search needs at least 1")
     out: list[Candidate] = []
-    for tp in divisors(world):
-        for ep in (divisors(world // tp) if shape.experts else [1]):
-            for rep in divisors(world // tp):
-                shard = world // tp // rep
-                if shard % ep:
-                    continue  # the ep ranks are carved out of dp_shard
-                d = Degrees(rep, shard, tp, ep)
-                c = Candidate(d, floor_gib=state_floor_gib(shape, d))
-                c.reason = _divisibility(shape, d) or ""
-                if not c.reason and c.floor_gib > budget_gib:
-                    c.reason = (f"parameter state alone needs {c.floor_gib:.3g} GiB per rank "
-                                f"over dp_shard x tp = {d.dp_shard * d.tp} ranks "
-                                f"(budget {budget_gib:.3g})")
-                out.append(c)
-    within = [c for c in out if not c.reason and c.degrees.tp <= gpus_per_node
-              and c.degrees.ep <= gpus_per_node]
-    if within:  # tp and ep across nodes only if nothing else fits
+    for c_ in (divisors(world)[1:] if cp else [1]):
+        for tp in divisors(world // c_):
+            for ep in (divisors(world // tp) if shape.experts and not cp else [1]):
+                for rep in divisors(world // c_ // tp):
+                    shard = world // c_ // tp // rep
+                    if shard % ep:
+                        continue  # the ep ranks are carved out of dp_shard
+                    d = Degrees(rep, shard, tp, ep, c_)
+                    c = Candidate(d, floor_gib=state_floor_gib(shape, d))
+                    c.reason = _divisibility(shape, d, seq_len) or ""
+                    if not c.reason and c.floor_gib > budget_gib:
+                        over = "dp_shard x cp x tp" if d.cp > 1 else "dp_shard x tp"
+                        c.reason = (f"parameter state alone needs {c.floor_gib:.3g} GiB per rank "
+                                    f"over {over} = {d.dp_shard * d.cp * d.tp} ranks "
+                                    f"(budget {budget_gib:.3g})")
+                    out.append(c)
+    def spans(d: Degrees) -> bool:
+        return max(d.tp, d.ep, d.cp) > gpus_per_node
+
+    within = [c for c in out if not c.reason and not spans(c.degrees)]
+    if within:  # tp, ep and cp across nodes only if nothing else fits
         for c in out:
-            if not c.reason and (c.degrees.tp > gpus_per_node or c.degrees.ep > gpus_per_node):
-                c.reason = f"tp or ep spans nodes of {gpus_per_node} GPUs"
+            if not c.reason and spans(c.degrees):
+                c.reason = (f"tp or ep spans nodes of {gpus_per_node} GPUs" if not cp else
+                            f"tp or cp spans nodes of {gpus_per_node} GPUs")
     return out
 
 
-def _divisibility(shape: ModelShape, d: Degrees) -> str | None:
+def _divisibility(shape: ModelShape, d: Degrees, seq_len: int = 0) -> str | None:
+    if d.cp > 1 and seq_len % (2 * d.cp):
+        return f"cp={d.cp} does not cut the {seq_len} tokens into {2 * d.cp} equal halves"
     if shape.n_heads % d.tp or shape.n_kv_heads % d.tp:
         return (f"tp={d.tp} does not divide the {shape.n_heads} heads / {shape.n_kv_heads} "
                 "KV heads")

@@ -9,6 +9,8 @@ factorizations `solve/search.py` keeps, then
      model; the graph is traced once per global batch shape and reused across meshes;
   2. plans the `top` best-screened meshes and the job's own degrees in full (auto, with every
      recipe priced beside it);
+  cp > 1 only where no mesh with cp = 1 passes the screen (`solve/search.py`): a second round
+     of candidates, screened the same way;
   3. ranks by predicted tokens/s per GPU -- the local batch stays the job's, so the global batch
      grows with the data-parallel degrees -- and names the winner with its [parallelism] block.
 
@@ -86,7 +88,7 @@ def search_degrees(job, *, hardware: str, make_mesh: Callable, top: int = 2,
 
     def plan(d: Degrees, effort: str):
         m, _ = model_for(d.ep)
-        names, sizes = planner_mesh(d.dp_replicate, d.dp_shard, d.tp, d.ep)
+        names, sizes = planner_mesh(d.dp_replicate, d.dp_shard, d.tp, d.ep, d.cp)
         mesh = make_mesh(names, sizes)
         tokens = torch.zeros(global_batch(job.local_batch_size, names, sizes), job.seq_len,
                              dtype=torch.long)
@@ -95,26 +97,41 @@ def search_degrees(job, *, hardware: str, make_mesh: Callable, top: int = 2,
                           solver=solver, activation_checkpointing=job.activation_checkpointing,
                           param_dtype=getattr(torch, pd) if pd else None,
                           precision=None if pd else Precision(exact_floats=True), progress=quiet,
-                          effort=effort, trace_cache=cache)
+                          effort=effort, trace_cache=cache, cp_attention=job.cp_attention)
 
     tokens_per_gpu = job.local_batch_size * job.seq_len  # per data-parallel rank and step
-    for i, c in enumerate(kept, 1):
-        t = time.perf_counter()
-        try:
-            p = plan(c.degrees, "screen")
-        except MemoryBudgetError as e:
-            c.reason = (f"memory floor {e.floor / GiB:.3g} GiB per rank is above the budget"
-                        if e.floor > e.budget else
-                        f"its recipe needs {e.found / GiB:.3g} GiB per rank, above the budget")
-            say(f"[search] screen {i}/{len(kept)} {c.degrees.label}: set aside ({c.reason})")
-            continue
-        step = p.data["predicted"]["step_time_s"]
-        c.results.update(screen_step_s=step, peak_gib=p.data["predicted"]["peak_memory_gib"],
-                         screen_recipe=p.data["solver"]["best_start"].removeprefix("recipe "),
-                         **{KEY: tokens_per_gpu / c.degrees.tp / step})
-        say(f"[search] screen {i}/{len(kept)} {c.degrees.label}: {c.results['screen_recipe']} "
-            f"{step * 1e3:.1f} ms, "
-            f"{num(c.results[KEY])} tokens/s/GPU ({time.perf_counter() - t:.1f}s)")
+
+    def screen(batch: list[Candidate]) -> None:
+        for i, c in enumerate(batch, 1):
+            t = time.perf_counter()
+            try:
+                p = plan(c.degrees, "screen")
+            except MemoryBudgetError as e:
+                c.reason = (f"memory floor {e.floor / GiB:.3g} GiB per rank is above the budget"
+                            if e.floor > e.budget else
+                            f"its recipe needs {e.found / GiB:.3g} GiB per rank, above the budget")
+                say(f"[search] screen {i}/{len(batch)} {c.degrees.label}: set aside ({c.reason})")
+                continue
+            step = p.data["predicted"]["step_time_s"]
+            c.results.update(screen_step_s=step, peak_gib=p.data["predicted"]["peak_memory_gib"],
+                             screen_recipe=p.data["solver"]["best_start"].removeprefix("recipe "),
+                             **{KEY: tokens_per_gpu / (c.degrees.tp * c.degrees.cp) / step})
+            say(f"[search] screen {i}/{len(batch)} {c.degrees.label}: {c.results['screen_recipe']} "
+                f"{step * 1e3:.1f} ms, "
+                f"{num(c.results[KEY])} tokens/s/GPU ({time.perf_counter() - t:.1f}s)")
+
+    screen(kept)
+    # split the sequences too where nothing fits without, or where the job itself does
+    if (not any(c.results for c in kept) or job_deg.cp > 1) and not shape.experts:
+        more = candidate_degrees(job.world_size, hw.gpus_per_node, shape, budget_gib, cp=True,
+                                 seq_len=job.seq_len)
+        more_kept = [c for c in more if not c.reason]
+        why = "the job uses cp" if job_deg.cp > 1 else "nothing fits with cp = 1"
+        say(f"[search] {why}: {len(more)} factorizations with cp > 1, "
+            f"{len(more_kept)} left after the bounds")
+        cands += more
+        kept += more_kept
+        screen(more_kept)
     screened = rank_rows([c for c in kept if c.results], KEY)
     if not screened:
         raise ValueError("no degrees for this job fit its memory budget; the floors are: "
@@ -133,8 +150,8 @@ def search_degrees(job, *, hardware: str, make_mesh: Callable, top: int = 2,
         rstep = p.data["recipes"][recipe]["step_time_s"]
         c.results.update(step_s=pred["step_time_s"], peak_gib=pred["peak_memory_gib"],
                          recipe=recipe, recipe_step_s=rstep,
-                         recipe_tokens_per_gpu_s=tokens_per_gpu / c.degrees.tp / rstep,
-                         **{KEY: tokens_per_gpu / c.degrees.tp / pred["step_time_s"]})
+                         recipe_tokens_per_gpu_s=tokens_per_gpu / (c.degrees.tp * c.degrees.cp) / rstep,
+                         **{KEY: tokens_per_gpu / (c.degrees.tp * c.degrees.cp) / pred["step_time_s"]})
         say(f"[search] planned {c.degrees.label}: auto {pred['step_time_s'] * 1e3:.1f} ms, "
             f"{recipe} {rstep * 1e3:.1f} ms ({time.perf_counter() - t:.1f}s)")
     winner = max(full, key=lambda c: (round(c.results[KEY], 6), -c.degrees.dp_replicate,
@@ -157,10 +174,11 @@ def num(x: float) -> str:
     return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
 
 
-def _job_degrees(job) -> tuple[int, int, int, int]:
+def _job_degrees(job) -> tuple[int, int, int, int, int]:
     sizes = dict(zip(job.mesh_names, job.mesh_sizes))
     ep = sizes.get("ep", 1)
-    return (sizes.get("dp_replicate", 1), sizes.get("dp_shard", 1) * ep, sizes.get("tp", 1), ep)
+    return (sizes.get("dp_replicate", 1), sizes.get("dp_shard", 1) * ep, sizes.get("tp", 1), ep,
+            sizes.get("cp", 1))
 
 
 def table(res: SearchResult, hardware: str) -> str:
