@@ -195,7 +195,7 @@ def test_context_parallel_under_auto_follows_the_recipe(trained):
         losses[name], logs[name] = parse_losses(run.stdout), run.stdout
     auto, fsdp = losses["auto_cp2"], losses["fsdp_cp2"]
     assert sorted(auto) == list(range(1, 6)) and auto[5] < auto[1] - 0.5, auto
-    assert max(abs(auto[s] - fsdp[s]) for s in auto) <= LOSS_TOL, (auto, fsdp)
+    assert max(abs(auto[s] - fsdp[s]) for s in auto) <= 1e-4, (auto, fsdp)  # measured: < 1e-5
     plan = json.loads((root / "auto_cp2" / "plan.json").read_text())
     assert plan["mesh"]["names"] == ["dp_shard", "cp"] and plan["cp_attention"] == "ring"
     attention = [v["in"][0] for v in plan["nodes"].values() if "flash_attention" in v["op"]]
