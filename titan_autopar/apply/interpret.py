@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 from torch.utils import _pytree as pytree
@@ -41,7 +41,7 @@ from titan_autopar.graph.trace import JointGraph
 from titan_autopar.plan import Plan, StalePlanError, parse_placement
 from titan_autopar.apply.layout import laid_out_like, same_layout
 from titan_autopar.apply.ring_attention import ring_backward, ring_forward
-from titan_autopar.strategy.rules import RING_OPS, SEQUENCE, is_causal, own_rules
+from titan_autopar.strategy.rules import is_causal, own_rules, sequence_dims
 
 
 @dataclass
@@ -189,8 +189,8 @@ class _Runner:
                 vals.append(a)
         outs = [_pl(s) if s and s[0] != "-" else None for s in entry["out"]]
         if n.target in self.local_rules or n.target in REGION_OPS:
-            ring = [m for m, p in enumerate(ins[0]) if p == Shard(SEQUENCE)] if ins else []
-            if n.target in RING_OPS and ring:
+            ring = sequence_dims(n, ins[0]) if ins else []
+            if ring:
                 return self.run_local(n, vals, spec, outs, ring_dim=ring[0])
             return self.run_local(n, vals, spec, outs)
         args, kwargs = pytree.tree_unflatten(vals, spec)

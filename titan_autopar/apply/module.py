@@ -67,12 +67,15 @@ class ParallelProgram:
         self.input_placements = pl[self.n_params + self.n_buffers : -1]
         self.output_placement = pl[-1]
         self.input_shapes = local.local_shapes[self.n_params + self.n_buffers : -1]
-        # the sequence positions this rank's shard of input 0 holds (tokens are (batch, seq))
-        first = [n for n in jg.gm.graph.nodes if n.op == "placeholder"][self.n_params + self.n_buffers]
-        shape = tuple(first.meta["val"].shape)
-        size, offset = compute_local_shape_and_global_offset(shape, mesh, self.input_placements[0]) \
-            if self.n_inputs else ((), ())
-        self.positions = (offset[1], size[1]) if len(shape) >= 2 else None
+        # (first, count) of the sequence positions this rank's shard of input 0 holds (tokens
+        # are (batch, seq)); None for a model without such an input
+        self.positions = None
+        if self.n_inputs:
+            shape = tuple(jg.input_nodes[0].meta["val"].shape)
+            if len(shape) >= 2:
+                size, offset = compute_local_shape_and_global_offset(shape, mesh,
+                                                                     self.input_placements[0])
+                self.positions = (offset[1], size[1])
         # manual regions run their own code in this program's graphs
         self.runners = build_runners(model, jg.manual_regions, mesh)
         bind_runners([split.forward, split.backward, split.inference], self.runners)

@@ -66,17 +66,17 @@ def _relayout(x: torch.Tensor, group, rank: int, n: int, to_headtail: bool) -> t
     contiguous, headtail = _layouts(n)
     src, dst = (contiguous, headtail) if to_headtail else (headtail, contiguous)
     owner = {h: d for d in range(n) for h in dst[d]}
-    halves = [t.contiguous() for t in x.chunk(2, dim=2)]
-    shape, numel = halves[0].shape, halves[0].numel()
-    # send in the order of destination (then of position); receive in the order of source
-    sends = sorted(range(2), key=lambda i: (owner[src[rank][i]], i))
-    in_splits = [sum(numel for i in range(2) if owner[src[rank][i]] == d) for d in range(n)]
-    got = [h for s_ in range(n) for i in sorted(range(2), key=lambda i: (owner[src[s_][i]], i))
-           if owner[src[s_][i]] == rank for h in [src[s_][i]]]
-    out_splits = [sum(numel for h in src[s_] if owner[h] == rank) for s_ in range(n)]
-    flat = torch.cat([halves[i].view(-1) for i in sends])
-    moved = funcol.all_to_all_single(flat, out_splits, in_splits, group)
-    pieces = dict(zip(got, moved.split(numel)))
+
+    def sent(s: int) -> list[int]:  # rank s's half-chunks in send order: by destination
+        return sorted(src[s], key=lambda h: (owner[h], src[s].index(h)))
+
+    halves = dict(zip(src[rank], (t.contiguous() for t in x.chunk(2, dim=2))))
+    shape, numel = halves[src[rank][0]].shape, halves[src[rank][0]].numel()
+    got = [h for s in range(n) for h in sent(s) if owner[h] == rank]  # in order of source
+    in_splits = [numel * sum(owner[h] == d for h in src[rank]) for d in range(n)]
+    out_splits = [numel * sum(owner[h] == rank for h in src[s]) for s in range(n)]
+    flat = torch.cat([halves[h].view(-1) for h in sent(rank)])
+    pieces = dict(zip(got, funcol.all_to_all_single(flat, out_splits, in_splits, group).split(numel)))
     return torch.cat([pieces[h].view(shape) for h in dst[rank]], dim=2)
 
 
@@ -99,7 +99,7 @@ def _balanced_forward(q, k, v, scale, group, rank: int, n: int):
         if step < n - 1:
             k_next, v_next = _rotate(k, group, n), _rotate(v, group, n)
         kh, vh = k.chunk(2, dim=2), v.chunk(2, dim=2)
-        x = 0 if (rank - step) % n < rank else 1  # the halves of the second visible block
+        x = 0 if _visible(rank, step, n, True) else 1  # the halves of the second visible block
         for a, b in ((1, 0), (x, x)):  # (query half, key half)
             ob, sb = FORWARD(qh[a], kh[b], vh[b], 0.0, False, scale=scale)
             acc[a], lses[a] = _merge(acc[a], lses[a], ob, sb)
@@ -122,7 +122,7 @@ def _balanced_backward(grad, q, k, v, out, lse, scale, group, rank: int, n: int)
         if step < n - 1:
             k_next, v_next = _rotate(k, group, n), _rotate(v, group, n)
         kh, vh = k.chunk(2, dim=2), v.chunk(2, dim=2)
-        x = 0 if (rank - step) % n < rank else 1
+        x = 0 if _visible(rank, step, n, True) else 1
         blocks = []
         for a, b in ((1, 0), (x, x)):
             g_, q_, o_, l_ = (h[a] for h in halves)

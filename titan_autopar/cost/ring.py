@@ -17,16 +17,14 @@ attention's own compute: exposed = re-layout + max(0, rotations - compute).
 
 from __future__ import annotations
 
-from torch.distributed.tensor import Shard
-
-from titan_autopar.strategy.rules import RING_OPS, SEQUENCE, balanced, is_causal
+from titan_autopar.strategy.rules import RING_OPS, balanced, is_causal, sequence_dims
 
 
 def ring_dims(node, opts) -> list[int]:
     """Mesh dims on which `opts` (one option per dim) shard the attention op's sequence."""
-    if node.target not in RING_OPS:
+    if node.target not in RING_OPS:  # most ops; and a placeholder's options have no inputs
         return []
-    return [m for m, o in enumerate(opts) if isinstance(o.ins[0], Shard) and o.ins[0].dim == SEQUENCE]
+    return sequence_dims(node, [o.ins[0] for o in opts])
 
 
 def ring_imbalance(node, n: int, local_len: int) -> float:

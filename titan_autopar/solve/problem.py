@@ -386,11 +386,8 @@ class Problem:
         `dim` (`cost/ring.py`): the ring's imbalance on the compute, its re-layout, and the
         part of the key/value rotations its compute does not hide."""
         k = 2 if "backward" in str(unit.node.target) else 1  # keys, values follow q
-        local_len = unit.ins[k].shape[SEQUENCE]
-        for o, s in zip(opts, self.sizes):
-            if isinstance(o.ins[k], Shard) and o.ins[k].dim == SEQUENCE:
-                local_len //= s
         n = self.sizes[dim]
+        local_len = unit.ins[k].shape[SEQUENCE] // n  # `dim` is the only one sharding it
         compute *= ring_imbalance(unit.node, n, local_len)
         kv = sum((local_numel(unit.ins[j], tuple(o.ins[j] for o in opts), self.sizes) or 0)
                  * itemsize(unit.ins[j], self.prec) for j in (k, k + 1))

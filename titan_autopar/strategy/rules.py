@@ -37,11 +37,12 @@ def _attention_backward(node: fx.Node, n_out: int, n_in: int) -> list[list]:
     return [[Shard(d)] * (n_out + n_in) for d in dims]
 
 
-def is_ring(node: fx.Node, placements) -> bool:
-    """Whether `placements` (one per mesh dim, of the op's first tensor input) shard an
-    attention op's sequence: it runs as ring attention on those dims."""
-    return node.target in RING_OPS and any(
-        isinstance(p, Shard) and p.dim == SEQUENCE for p in placements)
+def sequence_dims(node: fx.Node, placements) -> list[int]:
+    """Mesh dims on which `placements` (one per mesh dim, of the op's first tensor input) shard
+    an attention op's sequence: it runs as ring attention there (empty for any other op)."""
+    if node.target not in RING_OPS:
+        return []
+    return [m for m, p in enumerate(placements) if isinstance(p, Shard) and p.dim == SEQUENCE]
 
 
 def is_causal(node: fx.Node) -> bool:

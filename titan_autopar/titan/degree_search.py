@@ -9,8 +9,8 @@ factorizations `solve/search.py` keeps, then
      model; the graph is traced once per global batch shape and reused across meshes;
   2. plans the `top` best-screened meshes and the job's own degrees in full (auto, with every
      recipe priced beside it);
-  cp > 1 only where no mesh with cp = 1 passes the screen (`solve/search.py`): a second round
-     of candidates, screened the same way;
+  cp > 1 only where no mesh with cp = 1 passes the screen, or where the job itself has cp > 1
+     (`solve/search.py`): a second round of candidates, screened the same way;
   3. ranks by predicted tokens/s per GPU -- the local batch stays the job's, so the global batch
      grows with the data-parallel degrees -- and names the winner with its [parallelism] block.
 
@@ -101,6 +101,9 @@ def search_degrees(job, *, hardware: str, make_mesh: Callable, top: int = 2,
 
     tokens_per_gpu = job.local_batch_size * job.seq_len  # per data-parallel rank and step
 
+    def per_gpu(d: Degrees, step_s: float) -> float:  # tp and cp ranks share their tokens
+        return tokens_per_gpu / (d.tp * d.cp) / step_s
+
     def screen(batch: list[Candidate]) -> None:
         for i, c in enumerate(batch, 1):
             t = time.perf_counter()
@@ -115,7 +118,7 @@ def search_degrees(job, *, hardware: str, make_mesh: Callable, top: int = 2,
             step = p.data["predicted"]["step_time_s"]
             c.results.update(screen_step_s=step, peak_gib=p.data["predicted"]["peak_memory_gib"],
                              screen_recipe=p.data["solver"]["best_start"].removeprefix("recipe "),
-                             **{KEY: tokens_per_gpu / (c.degrees.tp * c.degrees.cp) / step})
+                             **{KEY: per_gpu(c.degrees, step)})
             say(f"[search] screen {i}/{len(batch)} {c.degrees.label}: {c.results['screen_recipe']} "
                 f"{step * 1e3:.1f} ms, "
                 f"{num(c.results[KEY])} tokens/s/GPU ({time.perf_counter() - t:.1f}s)")
@@ -150,8 +153,8 @@ def search_degrees(job, *, hardware: str, make_mesh: Callable, top: int = 2,
         rstep = p.data["recipes"][recipe]["step_time_s"]
         c.results.update(step_s=pred["step_time_s"], peak_gib=pred["peak_memory_gib"],
                          recipe=recipe, recipe_step_s=rstep,
-                         recipe_tokens_per_gpu_s=tokens_per_gpu / (c.degrees.tp * c.degrees.cp) / rstep,
-                         **{KEY: tokens_per_gpu / (c.degrees.tp * c.degrees.cp) / pred["step_time_s"]})
+                         recipe_tokens_per_gpu_s=per_gpu(c.degrees, rstep),
+                         **{KEY: per_gpu(c.degrees, pred["step_time_s"])})
         say(f"[search] planned {c.degrees.label}: auto {pred['step_time_s'] * 1e3:.1f} ms, "
             f"{recipe} {rstep * 1e3:.1f} ms ({time.perf_counter() - t:.1f}s)")
     winner = max(full, key=lambda c: (round(c.results[KEY], 6), -c.degrees.dp_replicate,
