@@ -18,7 +18,7 @@ predicted compute time against 6 x active parameters x tokens per GPU (the local
 (x 4/3 under full activation checkpointing: one more forward), as `compute_over_ideal`.
 Targets: <= 60 s each end to end, peak <= 80 GiB, auto <= recipe.
 
-  .venv/bin/python benchmarks/plan_time.py [--solver cbc|highs] [--case 8b|70b|llama4_64|...]
+  .venv/bin/python benchmarks/plan_time.py [--solver highs|cbc] [--case 8b|70b|llama4_64|...]
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def run(case: str, solver: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--solver", default="cbc", choices=["cbc", "highs"])
+    ap.add_argument("--solver", default="highs", choices=["highs", "cbc"])
     ap.add_argument("--case", choices=sorted(CASES) + sorted(JOBS), action="append")
     a = ap.parse_args()
     out = {"benchmark": "plan_time", "solver": a.solver}

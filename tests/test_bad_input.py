@@ -333,7 +333,9 @@ def test_a_full_disk_while_solving_leaves_no_solver_files(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     out = tmp_path / "plan.json"
-    run = subprocess.run([sys.executable, "-m", "titan_autopar.cli", *PLAN_ARGS, "--out", str(out)],
+    # CBC runs in a subprocess that writes its program to files (HiGHS, the default, writes none)
+    run = subprocess.run([sys.executable, "-m", "titan_autopar.cli", *PLAN_ARGS, "--solver", "cbc",
+                          "--out", str(out)],
                          env={**os.environ, "TMPDIR": str(tmp)}, capture_output=True, text=True,
                          preexec_fn=_limited(4096), cwd=REPO, timeout=600)
     assert run.returncode == 2, run.stderr[-2000:]

@@ -148,7 +148,7 @@ def test_joint_refuses_a_large_problem_before_any_program(mesh_of, debug_model):
                        r"this one would need up to [\d,]+ variables \(limit [\d,]+") as e:
         plan_model(debug_model("llama3", 32), mesh, (torch.zeros(4, 32, dtype=torch.long),),
                    solver="joint", progress=lines.append)
-    assert "solver='cbc'" in str(e.value)
+    assert "solver='highs'" in str(e.value)
     assert not any(line.startswith("[solve]") for line in lines), lines
 
 
@@ -156,6 +156,6 @@ def test_an_unknown_solver_is_named(mesh_of):
     mesh = mesh_of(NAMES[2], (2, 2))
     with torch.device("meta"):
         model = MLP()
-    with pytest.raises(ValueError, match=r"unknown solver 'gurobi': use 'cbc' \(default\), "
-                       r"'highs', or 'joint'"):
+    with pytest.raises(ValueError, match=r"unknown solver 'gurobi': use 'highs' \(default\), "
+                       r"'cbc', or 'joint'"):
         plan_model(model, mesh, (torch.zeros(8, 32, DIM),), solver="gurobi", **QUIET)

@@ -23,7 +23,9 @@ def test_fsdp_emerges_under_a_tight_budget(mesh_of, debug_model):
     free = plan_model(model, mesh, (tokens,), **QUIET)
     params = sum(p.numel() for p in model.parameters())
     replicated_gib = params * 16 / 2**30  # fp32 param + grad + two AdamW moments
-    budget = replicated_gib * 0.5 + free.predicted["memory_gib"]["activations"]
+    # just above the fully sharded state (1/8 of it per rank): every matrix must be sharded (at
+    # half of it, replicating a few is as cheap, a tie the solvers break differently)
+    budget = replicated_gib * 0.15 + free.predicted["memory_gib"]["activations"]
     plan = plan_model(model, mesh, (tokens,), memory_budget_gib=budget, **QUIET)
     assert plan.predicted["peak_memory_gib"] <= budget + 1e-6
     matrices = [n for n, p in model.named_parameters() if p.ndim == 2]
@@ -112,7 +114,7 @@ def test_bad_arguments_say_what_to_change(mesh_of, debug_model):
     tokens = torch.zeros(2, 128, dtype=torch.long)
     with pytest.raises(ValueError, match="h100"):
         plan_model(model, mesh, (tokens,), hardware="h900", **QUIET)
-    with pytest.raises(ValueError, match="cbc"):
+    with pytest.raises(ValueError, match="highs"):
         plan_model(model, mesh, (tokens,), solver="gurobi", **QUIET)
     with pytest.raises(ValueError, match="one per dim"):
         plan_model(model, mesh, (tokens,), input_placements=[(Shard(0), Shard(0))], **QUIET)

@@ -87,7 +87,7 @@ def plan_model(
     parameter_placements: dict[str, tuple[Placement, ...]] | str | None = None,
     hardware="h100",
     memory_budget_gib: float | None = None,
-    solver: str = "cbc",
+    solver: str = "highs",
     time_limit_s: float | None = None,
     precision: Precision | None = None,
     activation_checkpointing: str = "none",
@@ -107,7 +107,8 @@ def plan_model(
     the recomputation of each block's activations, and the plan's program recomputes them.
     `param_dtype` (e.g. torch.bfloat16) computes with parameters cast to it, gradients and
     optimizer state staying in the parameters' dtype (mixed precision, as FSDP's param_dtype).
-    `solver`: "cbc" (default) or "highs" solves the per-mesh-dim programs of the descent;
+    `solver`: "highs" (default, HiGHS in this process) or "cbc" (CBC in a subprocess) solves the
+    per-mesh-dim programs of the descent;
     "joint" plans by one exact program over every mesh dim at once, the check on the descent,
     for small problems only (`solve/joint.py`; a larger one is refused before any program).
     `progress` receives one line per phase (default: the "titan_autopar" logger).
@@ -132,18 +133,18 @@ def plan_model(
     prec = precision or Precision()
     if param_dtype is not None:
         prec = dataclasses.replace(prec, exact_floats=True)
-    if solver not in ("cbc", "highs", "joint"):
-        raise ValueError(f"unknown solver {solver!r}: use 'cbc' (default), 'highs', or 'joint' "
+    if solver not in ("highs", "cbc", "joint"):
+        raise ValueError(f"unknown solver {solver!r}: use 'highs' (default), 'cbc', or 'joint' "
                          "(an exact check for small problems)")
-    programs = "cbc" if solver == "joint" else solver  # what solves the descents' programs
+    programs = "highs" if solver == "joint" else solver  # what solves the descents' programs
     if cp_attention not in ("cheapest", "ring"):
         raise ValueError(f"unknown cp_attention {cp_attention!r}: use 'cheapest' (default) or "
                          "'ring' (attention on a cp dim always sequence-sharded)")
     if effort not in ("full", "screen"):
         raise ValueError(f"unknown effort {effort!r}: use 'full' (default) or 'screen'")
     if effort == "screen" and solver == "joint":
-        raise ValueError("effort='screen' prices recipes by the descent: use solver='cbc' or "
-                         "'highs' (the joint check is for one small problem at a time)")
+        raise ValueError("effort='screen' prices recipes by the descent: use solver='highs' or "
+                         "'cbc' (the joint check is for one small problem at a time)")
     if effort == "screen" and parameter_placements is not None:
         raise ValueError("effort='screen' prices the recipes' own placements: leave "
                          "parameter_placements out")

@@ -261,7 +261,7 @@ def main(argv=None) -> int:
     p.add_argument("--seq-len", type=_positive(int), default=8192)
     p.add_argument("--local-batch-size", type=_positive(int), default=1)
     p.add_argument("--memory-budget-gib", type=_positive(float), default=None)
-    p.add_argument("--solver", default="cbc", choices=["cbc", "highs", "joint"],
+    p.add_argument("--solver", default="highs", choices=["highs", "cbc", "joint"],
                    help="joint: one exact program over every mesh dim, a check on the default "
                    "descent for small problems only")
     p.add_argument("--activation-checkpointing", default="none",

@@ -77,7 +77,7 @@ def descend(
     assign: list[tuple[int, ...]],
     *,
     budget_bytes: float,
-    solver: str = "cbc",
+    solver: str = "highs",
     limits: SolveLimits | None = None,
     max_rounds: int = 3,
     log: Callable[[str], None] = lambda s: None,

@@ -50,16 +50,13 @@ output likewise. Pins restrict S_u to the pinned placement.
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-import tempfile
+import math
 import time
 from dataclasses import dataclass
 
-import pulp
-
 from titan_autopar.cost.hardware import GiB
 from titan_autopar.solve.problem import Problem
+from titan_autopar.solve.program import Program, solve_program
 
 MEMORY_PENALTY_MS_PER_GIB = 1e6
 HIDDEN_COMM_WEIGHT = 0.02
@@ -108,29 +105,13 @@ def dim_candidates(pb: Problem, assign, m: int) -> list[dict[int, tuple[int, ...
     return cands
 
 
-def _choice_vars(prob: pulp.LpProblem, cands):
-    """Binaries per unit over its candidates (None where it has only one)."""
-    xs: list[dict[int, pulp.LpVariable] | None] = []
-    for u, c in enumerate(cands):
-        if len(c) == 1:
-            xs.append(None)
-        else:
-            xs.append({k: prob.add_variable(f"x_{u}_{k}", cat="Binary") for k in c})
-    return xs
-
-
-def _affine(terms) -> pulp.LpAffineExpression:
-    """sum c * v over (v, c) pairs, a variable that appears more than once counted each time
-    (`pulp.LpAffineExpression` of a list keeps only the last coefficient of a variable: a unit's
-    compute and the price of an edge linear in its choice both sit on its binary)."""
-    coeffs: dict[pulp.LpVariable, float] = {}
-    for v, c in terms:
-        coeffs[v] = coeffs.get(v, 0.0) + c
-    return pulp.LpAffineExpression(coeffs)
+def _choice_vars(prog: Program, cands) -> list[dict[int, int] | None]:
+    """Binary columns per unit over its candidates (None where it has only one)."""
+    return [None if len(c) == 1 else {k: prog.column(binary=True) for k in c} for c in cands]
 
 
 def _lin(xs, u: int, coeffs: dict[int, float]):
-    """sum_s coeffs[s] * x[u,s] as (expression terms, constant)."""
+    """sum_s coeffs[s] * x[u,s] as (column terms, constant)."""
     if xs[u] is None:
         (s, c), = coeffs.items()
         return [], c
@@ -143,7 +124,7 @@ def solve_dim(
     m: int,
     *,
     budget_bytes: float,
-    solver: str = "cbc",
+    solver: str = "highs",
     limits: SolveLimits | None = None,
 ) -> DimSolve:
     """The program for mesh dim m, the other dims held at `assign` (started from it)."""
@@ -161,7 +142,7 @@ def solve_candidates(
     name: str,
     what: str,
     budget_bytes: float,
-    solver: str = "cbc",
+    solver: str = "highs",
     limits: SolveLimits | None = None,
     t0: float | None = None,
 ) -> DimSolve:
@@ -171,11 +152,10 @@ def solve_candidates(
     any integer point returns. `what` names the program in errors; `t0` is when building began."""
     t0 = time.perf_counter() if t0 is None else t0
     ms = 1e3
-    prob = pulp.LpProblem(name, pulp.LpMinimize)
-    xs = _choice_vars(prob, cands)
+    prog = Program()
+    xs = _choice_vars(prog, cands)
     objective: list = []
     const = 0.0
-    n_cons = 0
     # one choice per unit; compute and memory
     group_compute: dict[str, list] = {}
     group_compute_const: dict[str, float] = {}
@@ -183,8 +163,7 @@ def solve_candidates(
     mem_const = 0.0
     for u, opts in enumerate(cands):
         if xs[u] is not None:
-            prob += pulp.lpSum(xs[u].values()) == 1
-            n_cons += 1
+            prog.row(((j, 1.0) for j in xs[u].values()), 1.0, 1.0)
         comp, hides, mem = {}, {}, {}
         for s, choice in opts.items():
             c, mm = pb.unit_price(u, choice)
@@ -235,136 +214,69 @@ def solve_candidates(
             ys = {}
             for ai, a in enumerate(A):
                 for bi, b in enumerate(B):
-                    y = prob.add_variable(f"y_{ei}_{ai}_{bi}", lowBound=0)
+                    y = prog.column()
                     ys[ai, bi] = y
                     cost = pb.edge_price(ei, a, b) * ms
                     if cost:
                         sink.append((y, cost))
             n_y += len(ys)
             for ai, a in enumerate(A):
-                prob += pulp.lpSum(ys[ai, bi] for bi in range(len(B))) == pulp.lpSum(
-                    xs[p][s] for s, v in src_of.items() if v == a
-                )
+                prog.row([(ys[ai, bi], 1.0) for bi in range(len(B))]
+                         + [(xs[p][s], -1.0) for s, v in src_of.items() if v == a], 0.0, 0.0)
             for bi, b in enumerate(B):
-                prob += pulp.lpSum(ys[ai, bi] for ai in range(len(A))) == pulp.lpSum(
-                    xs[c][s] for s, v in dst_of.items() if v == b
-                )
-            n_cons += len(A) + len(B)
+                prog.row([(ys[ai, bi], 1.0) for ai in range(len(A))]
+                         + [(xs[c][s], -1.0) for s, v in dst_of.items() if v == b], 0.0, 0.0)
         if e.param_side:
             group_param_const[g] = group_param_const.get(g, 0.0) + added_const
             const += HIDDEN_COMM_WEIGHT * added_const
         else:
             const += added_const
 
-    # overlap of parameter communication with compute, per group
+    # overlap of parameter communication with compute, per group:
+    # E_g - param terms + alpha * compute terms >= param const - alpha * compute const
     alpha = pb.hw.overlap_efficiency
     n_e = 0
     for g, terms in group_param.items():
         if not terms and not group_param_const.get(g):
             continue
-        eg = prob.add_variable(f"E_{n_e}", lowBound=0)
+        eg = prog.column()
         n_e += 1
-        objective += [(v, HIDDEN_COMM_WEIGHT * c) for v, c in terms]
-        rhs = _affine(terms) + group_param_const.get(g, 0.0)
-        rhs -= alpha * (_affine(group_compute.get(g, [])) + group_compute_const.get(g, 0.0))
-        prob += eg >= rhs
-        n_cons += 1
+        prog.add_cost(terms, HIDDEN_COMM_WEIGHT)
+        prog.row([(eg, 1.0)] + [(v, -c) for v, c in terms]
+                 + [(v, alpha * c) for v, c in group_compute.get(g, [])],
+                 lo=group_param_const.get(g, 0.0) - alpha * group_compute_const.get(g, 0.0))
         objective.append((eg, 1.0))
 
     # memory budget (soft, with a penalty that dominates any step time)
-    excess = prob.add_variable("memory_excess_gib", lowBound=0)
-    prob += _affine(mem_terms) + mem_const - excess <= budget_bytes / GiB
-    n_cons += 1
+    excess = prog.column()
+    prog.row(mem_terms + [(excess, -1.0)], hi=budget_bytes / GiB - mem_const)
     objective.append((excess, MEMORY_PENALTY_MS_PER_GIB))
-    prob += _affine(objective) + const
-    n_vars = sum(len(x) for x in xs if x) + n_y + n_e + 1
+    prog.add_cost(objective)
+    prog.offset = const
+    n_vars = prog.num_columns
+    n_cons = len(prog.rows)
     build_s = time.perf_counter() - t0
 
     t1 = time.perf_counter()
     limits = limits or SolveLimits()
-    # the relaxation of this program is usually integral: solve the LP first (an LP solve is
-    # deterministic and fast), branch only if it is not
-    with _solver_files(solver, limits, mip=False) as lp_solver:
-        prob.solve(lp_solver)
-    status, gap = "optimal", 0.0
-    if prob.status == pulp.LpStatusOptimal and not _integral(xs):
-        bound = float(pulp.value(prob.objective) or 0.0)  # the LP's: no integer point is lower
-        # `start` is a feasible point: start branch-and-bound from it
-        for u, x in enumerate(xs):
-            if x is not None:
-                for s_, v in x.items():
-                    v.setInitialValue(1.0 if cands[u][s_] == start[u] else 0.0)
-        with _solver_files(solver, limits, mip=True) as mip_solver:
-            prob.solve(mip_solver)
-        guard_fired = time.perf_counter() - t1 >= limits.guard_s * 0.98
-        if prob.status != pulp.LpStatusOptimal:  # stopped before any integer point: keep `start`
-            return DimSolve(list(start), "time_guard" if guard_fired else "node_limit",
-                            float("inf"), 1.0, n_vars, n_cons, build_s, time.perf_counter() - t1)
-        obj = float(pulp.value(prob.objective) or 0.0)
-        gap = max(0.0, (obj - bound) / abs(obj)) if obj else 0.0
-        if prob.sol_status != pulp.LpSolutionOptimal:
-            status = "time_guard" if guard_fired else "node_limit"
-        else:  # optimal within `limits.gap` of the solver's own bound
-            gap = min(gap, limits.gap)
-    elif prob.status != pulp.LpStatusOptimal:
-        raise RuntimeError(
-            f"the linear program for {what} ended {pulp.LpStatus[prob.status]}; "
-            "this is a bug, please report it with the plan command you ran"
-        )
-
+    # `start` is a feasible point: branch-and-bound starts from it
+    warm: dict[int, float] = {}
+    for u, x in enumerate(xs):
+        if x is not None:
+            for s_, j in x.items():
+                warm[j] = 1.0 if cands[u][s_] == start[u] else 0.0
+    res = solve_program(prog, solver=solver, gap=limits.gap, max_nodes=limits.max_nodes,
+                        guard_s=limits.guard_s, increment=limits.increment, start=warm, what=what)
+    if res.values is None:  # stopped before any integer point: keep `start`
+        return DimSolve(list(start), res.status, math.inf, 1.0, n_vars, n_cons, build_s,
+                        time.perf_counter() - t1)
     new = list(start)
     for u, opts in enumerate(cands):
         if xs[u] is None:
             (s,) = opts
         else:
-            vals = {s: (v.value() or 0.0) for s, v in xs[u].items()}
+            vals = {s: res.values[j] for s, j in xs[u].items()}
             s = max(sorted(vals), key=lambda k: vals[k])
         new[u] = opts[s]
-    obj = float(pulp.value(prob.objective) or 0.0)
-    solve_s = time.perf_counter() - t1
-    return DimSolve(new, status, obj, gap, n_vars, n_cons, build_s, solve_s)
-
-
-def _integral(xs) -> bool:
-    return all(
-        abs(v.value() - round(v.value())) < 1e-6
-        for x in xs if x for v in x.values() if v.value() is not None
-    )
-
-
-@contextlib.contextmanager
-def _solver_files(name: str, limits: SolveLimits, mip: bool):
-    """A PuLP solver configured with `limits`, whose files live in a folder of their own that is
-    removed afterwards, also when the solve fails (e.g. the disk is full)."""
-    try:
-        tmp = tempfile.mkdtemp(prefix="titan_autopar_solver_")
-    except OSError as e:
-        raise RuntimeError(f"cannot create the solver's temporary folder in "
-                           f"{tempfile.gettempdir()} ({e.strerror}): free space there or point "
-                           "TMPDIR at a folder with room") from None
-    try:
-        if name == "cbc":
-            s = pulp.PULP_CBC_CMD(msg=False, threads=1, mip=mip, timeLimit=limits.guard_s,
-                                  gapRel=limits.gap if mip else None,
-                                  maxNodes=limits.max_nodes if mip else None, warmStart=mip,
-                                  options=[f"increment {limits.increment!r}"]
-                                  if mip and limits.increment is not None else None)
-            s.tmpDir = tmp
-        elif name == "highs":
-            if "HiGHS" not in pulp.listSolvers(onlyAvailable=True):
-                raise ValueError("solver='highs' needs the highspy package: pip install highspy")
-            extra = {"mip_max_nodes": limits.max_nodes} if mip else {}
-            if mip and limits.increment is not None:
-                extra["gapAbs"] = limits.increment
-            s = pulp.HiGHS(msg=False, threads=1, mip=mip, timeLimit=limits.guard_s,
-                           gapRel=limits.gap if mip else None, **extra)
-        else:
-            raise ValueError(f"unknown solver {name!r}: use 'cbc' (default) or 'highs'")
-        try:
-            yield s
-        except (OSError, pulp.PulpSolverError) as e:
-            raise RuntimeError(f"the {name} solver failed while solving in {tmp} ({e}); if the "
-                               "disk is full, free space there or point TMPDIR at a folder "
-                               "with room") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return DimSolve(new, res.status, res.objective, res.gap, n_vars, n_cons, build_s,
+                    time.perf_counter() - t1)

@@ -54,7 +54,7 @@ def check_joint_size(pb: Problem, max_variables: int = MAX_VARIABLES) -> int:
         raise ValueError(
             f"solver='joint' is an exact check for small problems: this one would need up to "
             f"{n:,} variables (limit {max_variables:,}; {len(pb.units)} units on a "
-            f"{'x'.join(map(str, pb.sizes))} mesh). Use the default solver='cbc' (per-mesh-dim "
+            f"{'x'.join(map(str, pb.sizes))} mesh). Use the default solver='highs' (per-mesh-dim "
             "programs), or check on a smaller mesh or model")
     return n
 
@@ -76,7 +76,7 @@ def solve_joint(
     start: list[tuple[int, ...]],
     *,
     budget_bytes: float,
-    solver: str = "cbc",
+    solver: str = "highs",
     limits: SolveLimits | None = None,
     max_variables: int = MAX_VARIABLES,
     stats: DescentStats | None = None,

@@ -43,8 +43,8 @@ class AutoParallel:
     sequence -- ring attention --, or replicate it, whichever the plan prices lowest) or "ring"
     (always ring attention on sequence shards, as TorchTitan's CP recipe). Sequence shards are
     contiguous under auto: context_parallel_load_balancer is set to None."""
-    solver: str = "cbc"
-    """cbc (default) or highs."""
+    solver: str = "highs"
+    """highs (default, in this process) or cbc (a subprocess)."""
     time_limit_s: float = 0.0
     """Wall-clock guard per integer program in seconds; 0 means the planner's default (600).
     Programs stop by counted limits (gap, nodes), so plans do not depend on the machine's load;

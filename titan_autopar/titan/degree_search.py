@@ -50,7 +50,7 @@ def model_shape(model: torch.nn.Module, args, param_bytes: int = 16) -> ModelSha
 
 
 def search_degrees(job, *, hardware: str, make_mesh: Callable, top: int = 2,
-                   say: Callable[[str], None] = print, solver: str = "cbc") -> SearchResult:
+                   say: Callable[[str], None] = print, solver: str = "highs") -> SearchResult:
     """Search the degrees of `job` (a `titan/job_file.PlanningJob`) on `hardware`."""
     from titan_autopar import plan_model
     from titan_autopar.cost.hardware import get_hardware

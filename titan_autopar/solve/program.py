@@ -1,0 +1,257 @@
+"""One integer program in sparse form, and the solvers that run it.
+
+Owns `Program`: columns (cost, bounds, binary or continuous) and rows (sparse coefficients,
+bounds) collected as plain lists, so that building a program of thousands of variables costs
+milliseconds rather than the seconds a modelling layer's expression objects take. `solve_program`
+runs it the way `solve/ilp.py` states: the LP relaxation first, branch-and-bound only when that is
+not integral, warm-started from a given feasible point, stopped by counted limits only.
+
+Solvers:
+  "highs"  HiGHS in this process through `highspy` (the default: no subprocess, no files);
+  "cbc"    CBC through PuLP, in a subprocess whose files live in a temporary folder removed
+           afterwards, also when the solve fails.
+Both are deterministic on one thread: a program gives the same answer on a busy machine and an
+idle one, unless the wall-clock guard fires, which the result says ("time_guard").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+SOLVERS = ("highs", "cbc")
+INTEGRAL_TOL = 1e-6
+
+
+@dataclass
+class Program:
+    """min cost . x + offset  s.t.  row_lo <= A x <= row_hi,  lo <= x <= hi,  x_j binary for j in
+    `binaries`. Columns are numbered in the order `column` adds them."""
+
+    cost: list[float] = field(default_factory=list)
+    lower: list[float] = field(default_factory=list)
+    upper: list[float] = field(default_factory=list)
+    binaries: list[int] = field(default_factory=list)
+    rows: list[tuple[dict[int, float], float, float]] = field(default_factory=list)
+    offset: float = 0.0
+
+    def column(self, *, binary: bool = False, lower: float = 0.0,
+               upper: float = math.inf) -> int:
+        j = len(self.cost)
+        self.cost.append(0.0)
+        self.lower.append(lower)
+        self.upper.append(1.0 if binary else upper)
+        if binary:
+            self.binaries.append(j)
+        return j
+
+    def add_cost(self, terms, scale: float = 1.0) -> None:
+        """cost += scale * sum c * x_j over (j, c) pairs."""
+        for j, c in terms:
+            self.cost[j] += scale * c
+
+    def row(self, terms, lo: float = -math.inf, hi: float = math.inf) -> None:
+        """lo <= sum c * x_j <= hi over (j, c) pairs; a column named twice adds its coefficients."""
+        coeffs: dict[int, float] = {}
+        for j, c in terms:
+            coeffs[j] = coeffs.get(j, 0.0) + c
+        self.rows.append((coeffs, lo, hi))
+
+    @property
+    def num_columns(self) -> int:
+        return len(self.cost)
+
+
+@dataclass
+class Result:
+    values: list[float] | None  # None: no integer point found (keep the start)
+    objective: float  # including the offset; inf when `values` is None
+    status: str  # "optimal", "node_limit" or "time_guard"
+    gap: float  # relative, against the LP relaxation's bound
+
+
+def solve_program(prog: Program, *, solver: str, gap: float, max_nodes: int, guard_s: float,
+                  increment: float | None = None, start: dict[int, float] | None = None,
+                  what: str = "a program") -> Result:
+    """The LP relaxation; if integral, that is the optimum. Otherwise branch-and-bound from
+    `start` (values of the binaries, column -> value; the solver completes the rest) until within
+    `gap` of the best bound or after `max_nodes` nodes."""
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver {solver!r}: use 'highs' (default) or 'cbc'")
+    run = _run_highs if solver == "highs" else _run_cbc
+    t0 = time.perf_counter()
+    lp = run(prog, mip=False, gap=gap, max_nodes=max_nodes, guard_s=guard_s, increment=increment,
+             start=None)
+    if lp.values is None or lp.status != "optimal":
+        raise RuntimeError(f"the linear program for {what} ended {lp.status}; this is a bug, "
+                           "please report it with the plan command you ran")
+    if all(abs(lp.values[j] - round(lp.values[j])) < INTEGRAL_TOL for j in prog.binaries):
+        return Result(lp.values, lp.objective, "optimal", 0.0)
+    bound = lp.objective  # no integer point is lower
+    mip = run(prog, mip=True, gap=gap, max_nodes=max_nodes, guard_s=guard_s, increment=increment,
+              start=start)
+    guard_fired = time.perf_counter() - t0 >= guard_s * 0.98
+    stopped = "time_guard" if guard_fired else "node_limit"
+    if mip.values is None:
+        return Result(None, math.inf, stopped, 1.0)
+    g = max(0.0, (mip.objective - bound) / abs(mip.objective)) if mip.objective else 0.0
+    if mip.status == "optimal":  # optimal within `gap` of the solver's own bound
+        return Result(mip.values, mip.objective, "optimal", min(g, gap))
+    return Result(mip.values, mip.objective, stopped, g)
+
+
+# --- HiGHS, in this process -------------------------------------------------------------------
+
+_HIGHS = None
+
+
+def _highs():
+    """One HiGHS instance per process (its first construction prints a banner on the C-level
+    stdout, which is silenced here so that `plan` prints only its own lines)."""
+    global _HIGHS
+    if _HIGHS is None:
+        try:
+            import highspy
+        except ImportError:
+            raise ValueError("solver='highs' needs the highspy package: pip install highspy, "
+                             "or use solver='cbc'") from None
+        with _quiet_stdout():
+            _HIGHS = highspy.Highs()
+        _HIGHS.setOptionValue("output_flag", False)
+    return _HIGHS
+
+
+@contextlib.contextmanager
+def _quiet_stdout():
+    try:
+        fd = os.dup(1)
+    except OSError:  # no stdout to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(fd, 1)
+        os.close(fd)
+
+
+def _run_highs(prog: Program, *, mip: bool, gap: float, max_nodes: int, guard_s: float,
+               increment: float | None, start: dict[int, float] | None) -> Result:
+    import highspy
+    import numpy as np
+
+    h = _highs()
+    h.clearModel()
+    h.clearSolver()
+    for k, v in (("threads", 1), ("time_limit", float(guard_s)), ("mip_rel_gap", float(gap)),
+                 ("mip_max_nodes", int(max_nodes)), ("random_seed", 0)):
+        h.setOptionValue(k, v)
+    h.setOptionValue("mip_abs_gap", float(increment) if increment is not None else 1e-6)
+    n = prog.num_columns
+    lp = highspy.HighsLp()
+    lp.num_col_ = n
+    lp.num_row_ = len(prog.rows)
+    lp.col_cost_ = np.asarray(prog.cost, dtype=np.float64)
+    lp.col_lower_ = np.asarray(prog.lower, dtype=np.float64)
+    lp.col_upper_ = np.asarray(prog.upper, dtype=np.float64)
+    lp.row_lower_ = np.asarray([r[1] for r in prog.rows], dtype=np.float64)
+    lp.row_upper_ = np.asarray([r[2] for r in prog.rows], dtype=np.float64)
+    starts, index, value = [0], [], []
+    for coeffs, _, _ in prog.rows:
+        index.extend(coeffs)
+        value.extend(coeffs.values())
+        starts.append(len(index))
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.num_col_ = n
+    lp.a_matrix_.num_row_ = len(prog.rows)
+    lp.a_matrix_.start_ = np.asarray(starts, dtype=np.int32)
+    lp.a_matrix_.index_ = np.asarray(index, dtype=np.int32)
+    lp.a_matrix_.value_ = np.asarray(value, dtype=np.float64)
+    lp.offset_ = prog.offset
+    if mip:
+        kinds = [highspy.HighsVarType.kContinuous] * n
+        for j in prog.binaries:
+            kinds[j] = highspy.HighsVarType.kInteger
+        lp.integrality_ = kinds
+    h.passModel(lp)
+    if mip and start is not None:
+        h.setSolution(len(start), np.asarray(list(start), dtype=np.int32),
+                      np.asarray(list(start.values()), dtype=np.float64))
+    h.run()
+    status = h.getModelStatus()
+    info = h.getInfo()
+    has_point = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    if not has_point:
+        return Result(None, math.inf, h.modelStatusToString(status), 1.0)
+    values = list(h.getSolution().col_value)
+    done = status == highspy.HighsModelStatus.kOptimal
+    return Result(values, float(info.objective_function_value), "optimal" if done else "stopped",
+                  float(info.mip_gap) if mip else 0.0)
+
+
+# --- CBC, through PuLP ------------------------------------------------------------------------
+
+def _run_cbc(prog: Program, *, mip: bool, gap: float, max_nodes: int, guard_s: float,
+             increment: float | None, start: dict[int, float] | None) -> Result:
+    import pulp
+
+    lp = pulp.LpProblem("program", pulp.LpMinimize)
+    binary = set(prog.binaries)
+    xs = [lp.add_variable(f"x{j}", lowBound=prog.lower[j],
+                          upBound=None if math.isinf(prog.upper[j]) else prog.upper[j],
+                          cat="Binary" if j in binary else "Continuous")
+          for j in range(prog.num_columns)]
+    for coeffs, lo, hi in prog.rows:
+        expr = pulp.LpAffineExpression({xs[j]: c for j, c in coeffs.items()})
+        if lo == hi:
+            lp += expr == lo
+        else:
+            if not math.isinf(lo):
+                lp += expr >= lo
+            if not math.isinf(hi):
+                lp += expr <= hi
+    lp += pulp.LpAffineExpression({x: c for x, c in zip(xs, prog.cost) if c}) + prog.offset
+    if mip and start is not None:
+        for j, v in start.items():
+            xs[j].setInitialValue(v)
+    with _solver_files() as tmp:
+        s = pulp.PULP_CBC_CMD(msg=False, threads=1, mip=mip, timeLimit=guard_s,
+                              gapRel=gap if mip else None, maxNodes=max_nodes if mip else None,
+                              warmStart=mip and start is not None,
+                              options=[f"increment {increment!r}"]
+                              if mip and increment is not None else None)
+        s.tmpDir = tmp
+        try:
+            lp.solve(s)
+        except (OSError, pulp.PulpSolverError) as e:
+            raise RuntimeError(f"the cbc solver failed while solving in {tmp} ({e}); if the "
+                               "disk is full, free space there or point TMPDIR at a folder "
+                               "with room") from None
+    if lp.status != pulp.LpStatusOptimal:
+        return Result(None, math.inf, pulp.LpStatus[lp.status], 1.0)
+    values = [x.value() or 0.0 for x in xs]
+    done = lp.sol_status == pulp.LpSolutionOptimal
+    return Result(values, float(pulp.value(lp.objective) or 0.0),
+                  "optimal" if done else "stopped", 0.0)
+
+
+@contextlib.contextmanager
+def _solver_files():
+    """A temporary folder for CBC's files, removed afterwards."""
+    try:
+        tmp = tempfile.mkdtemp(prefix="titan_autopar_solver_")
+    except OSError as e:
+        raise RuntimeError(f"cannot create the solver's temporary folder in "
+                           f"{tempfile.gettempdir()} ({e.strerror}): free space there or point "
+                           "TMPDIR at a folder with room") from None
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
