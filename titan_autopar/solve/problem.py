@@ -149,6 +149,8 @@ class Problem:
         self.edges: list[Edge] = []
         self._unit_cache: dict[tuple, tuple[float, dict] | None] = {}
         self._edge_cache: dict[tuple, float] = {}
+        # seconds of one redistribution, by what it depends on: many edges carry equal tensors
+        self._move_cache: dict[tuple, float] = {}
         self._bucket_sizes: dict[str, int] | None = None
         self._region_comm: dict[tuple, float] = {}
         self.recompute = recompute
@@ -416,8 +418,11 @@ class Problem:
         if hit is None:
             e = self.edges[ei]
             t = self.units[e.src].outs[e.out]
-            hit = e.weight * redistribute_time(self.topo, real_numel(t), itemsize(t, self.prec),
-                                               src, dst, self.bucket(e))
+            move = (real_numel(t), itemsize(t, self.prec), src, dst, self.bucket(e))
+            seconds = self._move_cache.get(move)
+            if seconds is None:
+                seconds = self._move_cache[move] = redistribute_time(self.topo, *move)
+            hit = e.weight * seconds
             self._edge_cache[key] = hit
         return hit
 
