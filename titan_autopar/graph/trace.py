@@ -22,7 +22,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from titan_autopar.graph.attention import flex_as_ops, flex_kwargs
-from titan_autopar.graph.manual_ops import regions_as_ops
+from titan_autopar.graph.manual_ops import NAMESPACE, regions_as_ops
 
 
 @dataclass
@@ -153,21 +153,17 @@ def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...],
     manual = manual or {}
     kwargs = flex_kwargs(model)  # a flex-attention model asserts it is given a mask
     with regions_as_ops(model, manual), flex_as_ops(model):
-        # forward once on fake tensors to learn the output's shape and dtype
-        with fake_mode, torch.no_grad():
-            out = torch.func.functional_call(model, {**_cast(params, param_dtype), **buffers},
-                                             inputs, kwargs)
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(
-                f"the model returns {type(out).__name__}; the planner needs a model whose forward "
-                "returns one tensor (TorchTitan models return logits)"
-            )
-        tangent = _fake_like(fake_mode, out)
         pnames = list(params)
 
-        def joint(params, buffers, inputs, tangent):
+        def joint(params, buffers, inputs):
             out = torch.func.functional_call(model, {**_cast(params, param_dtype), **buffers},
                                              inputs, kwargs)
+            if not isinstance(out, torch.Tensor):
+                raise TypeError(
+                    f"the model returns {type(out).__name__}; the planner needs a model whose "
+                    "forward returns one tensor (TorchTitan models return logits)")
+            with torch.no_grad():
+                tangent = tangent_of(out)  # becomes the graph's last placeholder, below
             needs = list(params.values()) + [inputs[i] for i in diff]
             grads = torch.autograd.grad(out, needs, tangent, allow_unused=True)
             # a parameter the output does not depend on gets an explicit zero gradient
@@ -176,9 +172,10 @@ def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...],
 
         with _block_hooks(model, blocks):
             gm = make_fx(joint, tracing_mode="fake", _allow_non_fake_inputs=True)(
-                params, buffers, inputs, tangent
+                params, buffers, inputs
             )
-    blocks = [b for b in blocks if b.fwd[0] >= 0 and b.fwd[1] >= 0]
+    out, at = _tangent_as_placeholder(gm)
+    blocks = [_shifted(b, at) for b in blocks if b.fwd[0] >= 0 and b.fwd[1] >= 0]
     jg = JointGraph(
         gm=gm,
         param_names=pnames,
@@ -206,6 +203,45 @@ def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...],
     jg.grad_nodes = dict(zip(pnames, grads[:np_]))
     jg.input_grad_nodes = dict(zip(diff, grads[np_:]))
     return jg
+
+
+@torch.library.custom_op(f"{NAMESPACE}::tangent_of", mutates_args=())
+def tangent_of(out: torch.Tensor) -> torch.Tensor:
+    """Stands for the gradient of the model output while the step is traced: the graph's tangent
+    placeholder takes its place (`_tangent_as_placeholder`). Creating it inside the trace spares a
+    whole forward run only to learn the output's shape."""
+    return torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=out.device)
+
+
+@tangent_of.register_fake
+def _tangent_of_fake(out):
+    return torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=out.device)
+
+
+def _tangent_as_placeholder(gm: fx.GraphModule) -> tuple[torch.Tensor, int]:
+    """Replace the traced `tangent_of` op by a placeholder after the others, named and described
+    as a placeholder of the traced function would be; returns its value (the output's shape) and
+    the op's position in node order."""
+    graph = gm.graph
+    ((at, op),) = [(i, n) for i, n in enumerate(graph.nodes) if n.op == "call_function"
+                   and n.target is torch.ops.titan_autopar.tangent_of.default]
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    with graph.inserting_before(first):
+        ph = graph.placeholder("tangent_1")
+    ph.meta.update({k: op.meta[k] for k in ("val", "tensor_meta") if k in op.meta})
+    op.replace_all_uses_with(ph)
+    graph.erase_node(op)
+    gm.recompile()
+    return ph.meta["val"], at
+
+
+def _shifted(b: BlockTrace, at: int) -> BlockTrace:
+    """`b` with positions noted before the tangent existed moved one on: the placeholder that
+    replaced the op at `at` now stands before them."""
+    def move(r):
+        return tuple(p + 1 if 0 <= p <= at else p for p in r)
+    b.fwd, b.bwd = move(b.fwd), move(b.bwd)
+    return b
 
 
 def _cast(params: dict, dtype: torch.dtype | None) -> dict:

@@ -110,6 +110,15 @@ def _choice_vars(prog: Program, cands) -> list[dict[int, int] | None]:
     return [None if len(c) == 1 else {k: prog.column(binary=True) for k in c} for c in cands]
 
 
+def _keys_by_value(d: dict) -> dict:
+    """value -> the keys that map to it, in key order (one hash per key, not one comparison per
+    key and value: placements compare slowly)."""
+    out: dict = {}
+    for k, v in d.items():
+        out.setdefault(v, []).append(k)
+    return out
+
+
 def _lin(xs, u: int, coeffs: dict[int, float]):
     """sum_s coeffs[s] * x[u,s] as (column terms, constant)."""
     if xs[u] is None:
@@ -189,8 +198,10 @@ def solve_candidates(
         p, c = e.src, e.dst
         src_of = {s: pb.placement(p, ch, e.out) for s, ch in cands[p].items()}
         dst_of = {s: pb.in_placement(c, ch, e.arg) for s, ch in cands[c].items()}
-        A = sorted(set(src_of.values()), key=repr)
-        B = sorted(set(dst_of.values()), key=repr)
+        src_keys = _keys_by_value(src_of)  # placement -> the candidates that give it
+        dst_keys = _keys_by_value(dst_of)
+        A = sorted(src_keys, key=repr)
+        B = sorted(dst_keys, key=repr)
         if e.param_side:
             g = pb.edge_group(e)
             sink = group_param.setdefault(g, [])
@@ -222,10 +233,10 @@ def solve_candidates(
             n_y += len(ys)
             for ai, a in enumerate(A):
                 prog.row([(ys[ai, bi], 1.0) for bi in range(len(B))]
-                         + [(xs[p][s], -1.0) for s, v in src_of.items() if v == a], 0.0, 0.0)
+                         + [(xs[p][s], -1.0) for s in src_keys[a]], 0.0, 0.0)
             for bi, b in enumerate(B):
                 prog.row([(ys[ai, bi], 1.0) for ai in range(len(A))]
-                         + [(xs[c][s], -1.0) for s, v in dst_of.items() if v == b], 0.0, 0.0)
+                         + [(xs[c][s], -1.0) for s in dst_keys[b]], 0.0, 0.0)
         if e.param_side:
             group_param_const[g] = group_param_const.get(g, 0.0) + added_const
             const += HIDDEN_COMM_WEIGHT * added_const
