@@ -4,7 +4,8 @@ Owns `Program`: columns (cost, bounds, binary or continuous) and rows (sparse co
 bounds) collected as plain lists, so that building a program of thousands of variables costs
 milliseconds rather than the seconds a modelling layer's expression objects take. `solve_program`
 runs it the way `solve/ilp.py` states: the LP relaxation first, branch-and-bound only when that is
-not integral, warm-started from a given feasible point, stopped by counted limits only.
+not integral (HiGHS does both in one run: its branch-and-bound stops at the root when the
+relaxation is integral), warm-started from a given feasible point, stopped by counted limits only.
 
 Solvers:
   "highs"  HiGHS in this process through `highspy` (the default: no subprocess, no files);
@@ -72,7 +73,7 @@ class Result:
     values: list[float] | None  # None: no integer point found (keep the start)
     objective: float  # including the offset; inf when `values` is None
     status: str  # "optimal", "node_limit" or "time_guard"
-    gap: float  # relative, against the LP relaxation's bound
+    gap: float  # relative, against the best bound proven (the LP relaxation's, or the solver's own)
 
 
 def solve_program(prog: Program, *, solver: str, gap: float, max_nodes: int, guard_s: float,
@@ -83,8 +84,15 @@ def solve_program(prog: Program, *, solver: str, gap: float, max_nodes: int, gua
     `gap` of the best bound or after `max_nodes` nodes."""
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}: use 'highs' (default) or 'cbc'")
-    run = _run_highs if solver == "highs" else _run_cbc
     t0 = time.perf_counter()
+    if solver == "highs":  # HiGHS solves the relaxation at its root and stops there if integral
+        res = _run_highs(prog, mip=True, gap=gap, max_nodes=max_nodes, guard_s=guard_s,
+                         increment=increment, start=start)
+        if res.values is None and res.status == "Infeasible":
+            raise RuntimeError(f"the integer program for {what} is infeasible; this is a bug, "
+                               "please report it with the plan command you ran")
+        return _ended(res, time.perf_counter() - t0 >= guard_s * 0.98)
+    run = _run_cbc
     lp = run(prog, mip=False, gap=gap, max_nodes=max_nodes, guard_s=guard_s, increment=increment,
              start=None)
     if lp.values is None or lp.status != "optimal":
@@ -95,14 +103,21 @@ def solve_program(prog: Program, *, solver: str, gap: float, max_nodes: int, gua
     bound = lp.objective  # no integer point is lower
     mip = run(prog, mip=True, gap=gap, max_nodes=max_nodes, guard_s=guard_s, increment=increment,
               start=start)
-    guard_fired = time.perf_counter() - t0 >= guard_s * 0.98
+    if mip.values is not None:  # the gap against the LP's bound
+        mip.gap = max(0.0, (mip.objective - bound) / abs(mip.objective)) if mip.objective else 0.0
+    return _ended(mip, time.perf_counter() - t0 >= guard_s * 0.98, gap)
+
+
+def _ended(res: Result, guard_fired: bool, gap: float | None = None) -> Result:
+    """A branch-and-bound result in the terms of `Result`: a stop before proving the optimum is
+    the node limit's, or the wall-clock guard's if that fired."""
     stopped = "time_guard" if guard_fired else "node_limit"
-    if mip.values is None:
+    if res.values is None:
         return Result(None, math.inf, stopped, 1.0)
-    g = max(0.0, (mip.objective - bound) / abs(mip.objective)) if mip.objective else 0.0
-    if mip.status == "optimal":  # optimal within `gap` of the solver's own bound
-        return Result(mip.values, mip.objective, "optimal", min(g, gap))
-    return Result(mip.values, mip.objective, stopped, g)
+    if res.status == "optimal":  # optimal within `gap` of the solver's own bound
+        return Result(res.values, res.objective, "optimal",
+                      res.gap if gap is None else min(res.gap, gap))
+    return Result(res.values, res.objective, stopped, res.gap)
 
 
 # --- HiGHS, in this process -------------------------------------------------------------------
@@ -192,8 +207,9 @@ def _run_highs(prog: Program, *, mip: bool, gap: float, max_nodes: int, guard_s:
         return Result(None, math.inf, h.modelStatusToString(status), 1.0)
     values = list(h.getSolution().col_value)
     done = status == highspy.HighsModelStatus.kOptimal
+    g = float(info.mip_gap) if mip else 0.0
     return Result(values, float(info.objective_function_value), "optimal" if done else "stopped",
-                  float(info.mip_gap) if mip else 0.0)
+                  g if math.isfinite(g) else 1.0)
 
 
 # --- CBC, through PuLP ------------------------------------------------------------------------
