@@ -262,7 +262,8 @@ def main(argv=None) -> int:
     p.add_argument("--local-batch-size", type=_positive(int), default=1)
     p.add_argument("--memory-budget-gib", type=_positive(float), default=None)
     p.add_argument("--solver", default="highs", choices=["highs", "cbc", "joint"],
-                   help="joint: one exact program over every mesh dim, a check on the default "
+                   help="highs (default): HiGHS in this process; cbc: CBC in a subprocess; "
+                   "joint: one exact program over every mesh dim, a check on the default "
                    "descent for small problems only")
     p.add_argument("--activation-checkpointing", default="none",
                    choices=["none", "selective", "full"],

@@ -149,6 +149,7 @@ class Problem:
         self.edges: list[Edge] = []
         self._unit_cache: dict[tuple, tuple[float, dict] | None] = {}
         self._edge_cache: dict[tuple, float] = {}
+        self._placements: dict[tuple, tuple] = {}  # (unit, choice, output or ~input) -> N-D
         # seconds of one redistribution, by what it depends on: many edges carry equal tensors
         self._move_cache: dict[tuple, float] = {}
         self._bucket_sizes: dict[str, int] | None = None
@@ -273,12 +274,20 @@ class Problem:
 
     # ------------------------------------------------------------------ placements
     def placement(self, u: int, choice: tuple[int, ...], out: int = 0) -> tuple:
-        opts = self.units[u].options
-        return tuple(opts[c].out[out] for c in choice)
+        key = (u, choice, out)
+        hit = self._placements.get(key)
+        if hit is None:
+            opts = self.units[u].options
+            hit = self._placements[key] = tuple(opts[c].out[out] for c in choice)
+        return hit
 
     def in_placement(self, u: int, choice: tuple[int, ...], arg: int) -> tuple:
-        opts = self.units[u].options
-        return tuple(opts[c].ins[arg] for c in choice)
+        key = (u, choice, ~arg)  # inputs apart from outputs
+        hit = self._placements.get(key)
+        if hit is None:
+            opts = self.units[u].options
+            hit = self._placements[key] = tuple(opts[c].ins[arg] for c in choice)
+        return hit
 
     def allowed(self, u: int, m: int) -> list[int]:
         """Option indices unit `u` may take on mesh dim `m`: a region op's declared one; else the
