@@ -6,7 +6,9 @@ each as priced by default (`8b`, `70b`: traced in the parameters' fp32, activati
 2 bytes, no checkpointing) and with the real configs' settings, bf16 mixed precision and
 selective checkpointing (`8b_bf16`, `70b_bf16`). Targets on a 2-core machine, end to end:
 8B <= 10 s, 70B 4-D <= 30 s, Llama4 17Bx16E on 64 ranks <= 30 s, every program within a 0.5% gap
-(`worst_gap`); `targets_met` says which hold.
+(`worst_gap`); `targets_met` says which hold. The cases run in one process in the order given: the
+first pays the import of TorchTitan's model code (about 3 s, inside its `model_build_s`), the
+others find it imported.
 
 MoE cases plan a real job file end to end through `titan-autopar plan --config` (bf16, the
 config's activation checkpointing and expert parallelism): Llama4 17Bx16E on 64 ranks
