@@ -140,7 +140,7 @@ def solve_dim(
 ) -> DimSolve:
     """The program for mesh dim m, the other dims held at `assign` (started from it)."""
     t0 = time.perf_counter()
-    return solve_candidates(pb, dim_candidates(pb, assign, m), assign, name=f"dim{m}",
+    return solve_candidates(pb, dim_candidates(pb, assign, m), assign,
                             what=f"mesh dim {m}", budget_bytes=budget_bytes, solver=solver,
                             limits=limits, t0=t0)
 
@@ -150,7 +150,6 @@ def solve_candidates(
     cands: list[dict[int, tuple[int, ...]]],
     start: list[tuple[int, ...]],
     *,
-    name: str,
     what: str,
     budget_bytes: float,
     solver: str = "highs",
@@ -195,7 +194,6 @@ def solve_candidates(
     # edges
     group_param: dict[str, list] = {}
     group_param_const: dict[str, float] = {}
-    n_y = 0
     for ei, e in enumerate(pb.edges):
         p, c = e.src, e.dst
         src_of = {s: pb.placement(p, ch, e.out) for s, ch in cands[p].items()}
@@ -232,7 +230,6 @@ def solve_candidates(
                     cost = pb.edge_price(ei, a, b) * ms
                     if cost:
                         sink.append((y, cost))
-            n_y += len(ys)
             for ai, a in enumerate(A):
                 prog.row([(ys[ai, bi], 1.0) for bi in range(len(B))]
                          + [(xs[p][s], -1.0) for s in src_keys[a]], 0.0, 0.0)
@@ -248,12 +245,10 @@ def solve_candidates(
     # overlap of parameter communication with compute, per group:
     # E_g - param terms + alpha * compute terms >= param const - alpha * compute const
     alpha = pb.hw.overlap_efficiency
-    n_e = 0
     for g, terms in group_param.items():
         if not terms and not group_param_const.get(g):
             continue
         eg = prog.column()
-        n_e += 1
         prog.add_cost(terms, HIDDEN_COMM_WEIGHT)
         prog.row([(eg, 1.0)] + [(v, -c) for v, c in terms]
                  + [(v, alpha * c) for v, c in group_compute.get(g, [])],

@@ -89,7 +89,7 @@ def solve_joint(
     t0 = time.perf_counter()
     limits = limits or SolveLimits()
     limits = dataclasses.replace(limits, gap=min(limits.gap, JOINT_GAP), increment=JOINT_INCREMENT)
-    res = solve_candidates(pb, joint_candidates(pb, start), start, name="joint",
+    res = solve_candidates(pb, joint_candidates(pb, start), start,
                            what="the joint program", budget_bytes=budget_bytes, solver=solver,
                            limits=limits, t0=t0)
     if stats is not None:

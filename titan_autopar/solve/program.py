@@ -92,8 +92,7 @@ def solve_program(prog: Program, *, solver: str, gap: float, max_nodes: int, gua
             raise RuntimeError(f"the integer program for {what} is infeasible; this is a bug, "
                                "please report it with the plan command you ran")
         return _ended(res, time.perf_counter() - t0 >= guard_s * 0.98)
-    run = _run_cbc
-    lp = run(prog, mip=False, gap=gap, max_nodes=max_nodes, guard_s=guard_s, increment=increment,
+    lp = _run_cbc(prog, mip=False, gap=gap, max_nodes=max_nodes, guard_s=guard_s, increment=increment,
              start=None)
     if lp.values is None or lp.status != "optimal":
         raise RuntimeError(f"the linear program for {what} ended {lp.status}; this is a bug, "
@@ -101,7 +100,7 @@ def solve_program(prog: Program, *, solver: str, gap: float, max_nodes: int, gua
     if all(abs(lp.values[j] - round(lp.values[j])) < INTEGRAL_TOL for j in prog.binaries):
         return Result(lp.values, lp.objective, "optimal", 0.0)
     bound = lp.objective  # no integer point is lower
-    mip = run(prog, mip=True, gap=gap, max_nodes=max_nodes, guard_s=guard_s, increment=increment,
+    mip = _run_cbc(prog, mip=True, gap=gap, max_nodes=max_nodes, guard_s=guard_s, increment=increment,
               start=start)
     if mip.values is not None:  # the gap against the LP's bound
         mip.gap = max(0.0, (mip.objective - bound) / abs(mip.objective)) if mip.objective else 0.0
