@@ -11,6 +11,10 @@
 Prints one JSON line: per op, measured and both predictions; and the layer's total error against
 each (`profile_error_pct`, `preset_error_pct`).
 
+3. The whole layer (`whole_layer.py`): its joint forward+backward graph traced and priced node by
+   node as the planner prices it (norms, RoPE, activations and casts too, not only the matmuls and
+   attention), against the same step run eagerly (`whole_layer` in the JSON line).
+
     .venv/bin/python benchmarks/gpu/calibrate_and_check.py [--preset h200] [--device cuda]
 
 `--device cpu` runs the same on CPU at a smaller size (a smoke test of the script, not a figure).
@@ -30,6 +34,9 @@ import torch
 import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from whole_layer import whole_layer  # noqa: E402
 
 LAYER = {"tokens": 8192, "dim": 4096, "kv_dim": 1024, "hidden": 14336, "heads": 32, "head_dim": 128}
 SMALL = {"tokens": 256, "dim": 256, "kv_dim": 64, "hidden": 768, "heads": 4, "head_dim": 64}
@@ -110,6 +117,7 @@ def main() -> int:
                                  "profile_s": _predict(measured_hw, flops, nbytes, True, size),
                                  "preset_s": _predict(preset, flops, nbytes, True, size)}
     total = {k: sum(r[k] for r in rows.values()) for k in ("measured_s", "profile_s", "preset_s")}
+    layer = whole_layer(dev, dt, L, {"profile": measured_hw, "preset": preset}, _time)
     res = {"benchmark": "gpu_calibrate_and_check", "device": a.device,
            "accelerator": torch.cuda.get_device_name(0) if dev == "cuda" else "cpu",
            "profile": measured_hw.name, "preset": a.preset, "layer": L,
@@ -117,6 +125,7 @@ def main() -> int:
            "layer_profile_s": round(total["profile_s"], 6), "layer_preset_s": round(total["preset_s"], 6),
            "profile_error_pct": round(100 * (total["profile_s"] / total["measured_s"] - 1), 1),
            "preset_error_pct": round(100 * (total["preset_s"] / total["measured_s"] - 1), 1),
+           "whole_layer": layer,
            "ops": {k: {kk: round(vv, 7) for kk, vv in r.items()} for k, r in rows.items()}}
     print(json.dumps(res))
     return 0

@@ -17,7 +17,8 @@ trials. What it measures and what each becomes in `Hardware`:
                over four message sizes; t = latency + bytes x seconds-per-byte fitted per
                (kind, group size) -> collective_fits, and intra/inter_node_* from all_gather
   overlap      an all_reduce issued before a matmul and waited for after it, against the two
-               apart -> overlap_efficiency (the share of the shorter one hidden)
+               apart -> overlap_efficiency (the share of the shorter one hidden; one rank has
+               no collective to hide, and keeps the default)
   shared link  all_reduces on two mesh dims at once against one after the other -> recorded
                (measurements.shared_link), not yet priced
 
@@ -236,8 +237,10 @@ def calibrate(mesh_shape: tuple[int, ...], device: str, say=None) -> tuple[Hardw
             lat, spb = fit_line([b for b, _ in pts], [t for _, t in pts])
             fits.append((kind, k, round2(lat), round2(spb)))
             meas["collectives"][f"{kind}/{k}"] = [{"bytes": b, "seconds": t} for b, t in pts]
-    say("overlap of a collective with compute")
-    ov, meas["overlap"] = _overlap(device, dist.group.WORLD, sz["msg"][-1], sz["mm"][-1])
+    ov = Hardware.overlap_efficiency  # one rank has no collective to hide: keep the default
+    if world > 1:
+        say("overlap of a collective with compute")
+        ov, meas["overlap"] = _overlap(device, dist.group.WORLD, sz["msg"][-1], sz["mm"][-1])
     if mesh is not None and len(mesh_shape) >= 2 and min(mesh_shape[:2]) > 1:
         meas["shared_link"] = _shared_link(device, mesh.get_group(0), mesh.get_group(1),
                                            sz["msg"][-1])
@@ -287,8 +290,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     backend = "nccl" if a.device == "cuda" else "gloo"
     if a.device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend)
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend, device_id=torch.device("cuda", local_rank))
+    else:
+        dist.init_process_group(backend)
     world = dist.get_world_size()
     shape = tuple(int(x) for x in a.mesh.split(",")) if a.mesh else (world,)
     if math.prod(shape) != world:
