@@ -53,6 +53,28 @@ def test_calibration_measures_this_machine(measured):
     assert hw.profile == f"{measured.name}#{on['fingerprint']}"
 
 
+def test_one_rank_measures_no_collective_and_keeps_the_default_overlap(tmp_path):
+    """One rank has no collective to hide behind compute: its profile keeps the default overlap
+    rather than a figure timed on a group of one."""
+    out = tmp_path / "one.json"
+    run = subprocess.run([sys.executable, "-m", "titan_autopar.cli", "calibrate", "--nproc", "1",
+                          "--out", str(out)], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    hw = hardware_from_profile(out)
+    assert hw.collective_fits == () and doc["measurements"]["collectives"] == {}
+    assert "overlap" not in doc["measurements"] and hw.overlap_efficiency == 0.9
+    assert "overlap of a collective" not in run.stdout
+
+
+def test_the_committed_gpu_profile_loads_for_planning():
+    """The H200 profile measured by benchmarks/gpu/calibrate_and_check.py prices plans here."""
+    hw = get_hardware(str(REPO / "benchmarks/profiles/h200_1gpu.json"))
+    assert hw.name == "cuda-nccl-1" and hw.peak_bf16_flops == 8e14
+    assert hw.peak_fp32_flops == 5.1e13 and hw.attention_flops == 5.9e14
+
+
 def test_a_profile_round_trips(tmp_path):
     hw = replace(PRESETS["cpu"], name="mine", collective_fits=(("all_gather", 4, 1e-3, 2e-9),
                                                                 ("all_reduce", 2, 2e-3, 1e-9)))
