@@ -20,6 +20,11 @@ predicted compute time against 6 x active parameters x tokens per GPU (the local
 (x 4/3 under full activation checkpointing: one more forward), as `compute_over_ideal`.
 Targets: <= 60 s each end to end, peak <= 80 GiB, auto <= recipe.
 
+Wall-clock seconds move with whatever else the machine runs. So each row also gives `cpu_s`, the
+CPU seconds this process spent on the case, and the line gives the machine's cores and its
+1-minute load average before and after the cases (`load_before`, `load_after`). Where the load
+nears the core count, `total_s` includes waiting for a core and `cpu_s` is the closer figure.
+
   .venv/bin/python benchmarks/plan_time.py [--solver highs|cbc] [--case 8b|70b|llama4_64|...]
 """
 
@@ -29,6 +34,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -157,10 +163,14 @@ def main() -> None:
     ap.add_argument("--solver", default="highs", choices=["highs", "cbc"])
     ap.add_argument("--case", choices=sorted(CASES) + sorted(JOBS), action="append")
     a = ap.parse_args()
-    out = {"benchmark": "plan_time", "solver": a.solver}
+    out = {"benchmark": "plan_time", "solver": a.solver, "cores": os.cpu_count(),
+           "load_before": round(os.getloadavg()[0], 2)}
     cases = a.case or sorted(CASES) + sorted(JOBS)
     for case in cases:
+        cpu = time.process_time()
         out[case] = run(case, a.solver)
+        out[case]["cpu_s"] = round(time.process_time() - cpu, 2)
+    out["load_after"] = round(os.getloadavg()[0], 2)
     rows = [out[c] for c in cases if "total_s" in out[c]]
     out["worst_gap"] = max((r["gap"] for r in rows), default=None)
     out["targets_met"] = {f"{c}<={t}s": out[c].get("total_s", 1e9) <= t
