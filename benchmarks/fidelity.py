@@ -8,7 +8,10 @@ each config of the matrix below, trains three arms on 4 ranks with TorchTitan's 
     auto     parallelism.auto = true on dp_shard = 4, priced with the calibrated profile
 
 Measured step time: the median over steps 2..N of rank 0's TorchTitan figures (local tokens /
-(tokens per second per device x tp)). Predicted: the auto plan's own step, its `recipes.fsdp`,
+(tokens per second per device x tp)). Each config runs its three arms `--repeats` times (default
+2) in rounds of alternating order (fsdp, fsdp_tp, auto, then auto, fsdp_tp, fsdp), so that the
+machine's drift falls on every arm; an arm's figure is the median over its rounds, and its rounds'
+spread ((max - min) / median) is kept beside it. Predicted: the auto plan's own step, its `recipes.fsdp`,
 and `recipes.fsdp_tp` of the same job planned on the 2x2 mesh (`titan-autopar plan --config`),
 all with the calibrated profile. Throughput is tokens/s per device (TorchTitan's tps).
 
@@ -18,13 +21,15 @@ Prints a table per config and one JSON line:
                               throughput) is the measured order
   kendall_tau                 mean over configs of Kendall's tau between the two orders
   auto_over_best_recipe_min/max  auto's measured throughput / the best recipe's, over configs
+  repeat_spread_pct_median/max  how far one arm's rounds lie apart (the noise floor: differences
+                              between arms smaller than this are not resolved)
   targets                     mape <= 20, rank_agreement >= 0.8, min >= 0.98, >= 2 configs >= 1.05
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fidelity.py [--steps 6] [--only llama3_s256_b2]
     # run some configs again, keeping the others' rows and the same profile:
     ... fidelity.py --profile out/fidelity/profile.json --resume --only A --only B
 
-About 25 minutes on 2 cores. The profile is left in out/fidelity/profile.json.
+About 25 minutes per round on 2 cores. The profile is left in out/fidelity/profile.json.
 """
 
 from __future__ import annotations
@@ -123,6 +128,8 @@ def predict_2x2(job: Path, profile: Path, out: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--repeats", type=int, default=2, help="rounds of the three arms, in "
+                    "alternating order; each arm's figure is the median over rounds")
     ap.add_argument("--only", action="append", default=[])
     ap.add_argument("--out", default="out/fidelity")
     ap.add_argument("--profile", default="", help="use this profile instead of calibrating")
@@ -172,19 +179,34 @@ def main() -> int:
         except RuntimeError as e:
             pred_tp = None
             say(str(e).splitlines()[0])
-        for arm, args in ARMS.items():
-            say(f"{name}: {arm}, {a.steps} steps on 4 ranks")
-            folder = d / arm
-            run = launch(job, 4, ["--job.dump_folder", str(folder), "--training.steps", str(a.steps),
-                                  *args], cwd=REPO, stream=False, timeout=1200)
-            tp = 2 if arm == "fsdp_tp" else 1
-            m = measured_step(run.stdout, lb * seq, tp) if run.returncode == 0 else None
-            r = {"ok": m is not None}
-            if m is None:
-                r["error"] = failed_rank_lines(run.stdout)[-600:]
-                say(f"{name}: {arm} failed: {r['error'].splitlines()[-1] if r['error'] else ''}")
+        runs = {arm: [] for arm in ARMS}
+        errors = {}
+        for rnd in range(a.repeats):  # rounds in alternating order: drift falls on every arm
+            for arm in (list(ARMS) if rnd % 2 == 0 else list(ARMS)[::-1]):
+                if arm in errors:
+                    continue
+                say(f"{name}: {arm}, {a.steps} steps on 4 ranks (round {rnd + 1}/{a.repeats})")
+                folder = d / arm
+                run = launch(job, 4, ["--job.dump_folder", str(folder), "--training.steps",
+                                      str(a.steps), *ARMS[arm]], cwd=REPO, stream=False, timeout=1200)
+                tp = 2 if arm == "fsdp_tp" else 1
+                m = measured_step(run.stdout, lb * seq, tp) if run.returncode == 0 else None
+                if m is None:
+                    errors[arm] = failed_rank_lines(run.stdout)[-600:]
+                    say(f"{name}: {arm} failed: "
+                        f"{errors[arm].splitlines()[-1] if errors[arm] else ''}")
+                else:
+                    runs[arm].append(m)
+        for arm in ARMS:
+            r = {"ok": arm not in errors and bool(runs[arm])}
+            if not r["ok"]:
+                r["error"] = errors.get(arm, "")
             else:
-                r["measured_step_s"], r["measured_tps"] = round(m[0], 4), m[1]
+                steps = [m[0] for m in runs[arm]]
+                r["measured_step_s"] = round(statistics.median(steps), 4)
+                r["measured_tps"] = statistics.median(m[1] for m in runs[arm])
+                r["measured_runs_s"] = [round(x, 4) for x in steps]
+                r["spread_pct"] = round(100 * (max(steps) - min(steps)) / r["measured_step_s"], 1)
             row["arms"][arm] = r
         plan = json.loads((d / "auto" / "plan.json").read_text()) if (d / "auto" / "plan.json").exists() else None
         if plan:
@@ -214,6 +236,7 @@ def main() -> int:
 
 def report(rows: list[dict], profile: Path) -> int:
     errs, agree, taus, ratios = [], [], [], {}
+    spreads = [r["spread_pct"] for row in rows for r in row["arms"].values() if "spread_pct" in r]
     print(f"{'config':<24}{'arm':<9}{'predicted s':>12}{'measured s':>12}{'error %':>9}"
           f"{'pred tps':>10}{'meas tps':>10}")
     for row in rows:
@@ -246,6 +269,9 @@ def report(rows: list[dict], profile: Path) -> int:
         "auto_over_best_recipe": {k: round(v, 3) for k, v in ratios.items()},
         "configs_auto_at_least_1.05": sum(v >= 1.05 for v in ratios.values()),
         "arms_failed": [f"{r['config']}/{k}" for r in rows for k, x in r["arms"].items() if not x["ok"]],
+        # how far one arm's rounds lie apart: differences between arms below this are noise
+        "repeat_spread_pct_median": round(statistics.median(spreads), 1) if spreads else None,
+        "repeat_spread_pct_max": round(max(spreads), 1) if spreads else None,
     }
     res["targets_met"] = {
         "mape<=20": res["mape"] is not None and res["mape"] <= 20,

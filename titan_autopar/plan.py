@@ -239,7 +239,7 @@ def build_plan(pb, assign, price, *, fingerprint, mesh_names, hardware, budget, 
             continue
         t = pb.units[e.src].outs[e.out]
         steps = redistribute_steps(pb.topo, real_numel(t), itemsize(t, pb.prec), src, dst,
-                                   pb.bucket(e))
+                                   pb.bucket(e), e.gradient)
         for s in steps:
             collectives.append({
                 "producer": pb.units[e.src].param_name or pb.units[e.src].node.name,

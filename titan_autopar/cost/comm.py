@@ -4,8 +4,8 @@ Owns `Topology` (which mesh dims stay inside a node, and the bandwidth/latency e
 `redistribute_time` / `redistribute_steps`: the collectives that move a tensor from one N-D
 placement to another, priced per mesh dim. A mesh dim whose ranks all sit inside one node uses
 NVLink figures; one that crosses nodes is bound by the inter-node link. Ring-style bandwidth
-terms, a log-depth latency term (a share of it for a parameter's collective that
-`apply/bucket.py` merges with the rest of its block's); where a measured profile has a fitted curve for the collective
+terms, a log-depth latency term (a share of it for a parameter's or a gradient's collective that
+`apply/bucket.py` merges with the rest of its block's, and only for that one: `_merged`); where a measured profile has a fitted curve for the collective
 and group size (`Hardware.collective_fits`), that curve instead.
 """
 
@@ -91,18 +91,29 @@ def transition(src: Placement, dst: Placement) -> str | None:
 MERGED_PER_BLOCK = ("all_gather", "reduce_scatter")
 
 
+def _merged(kind: str, k: int, last: int, gradient: bool) -> bool:
+    """Whether the `k`-th of a redistribution's collectives (`last` the index of its last) is
+    one `apply/bucket.py` merges with the rest of its block's: a parameter's first gather (a
+    later one gathers the result of a collective, not a parameter shard), and a gradient's last
+    reduce-scatter (an earlier one, or a gather after it, feeds another collective, not the
+    gradient). A gradient's gathers and every all-reduce run alone."""
+    if gradient:
+        return kind == "reduce_scatter" and k == last
+    return kind == "all_gather" and k == 0
+
+
 def redistribute_steps(
-    topo: Topology, numel: int, itemsize: int, src: tuple, dst: tuple, bucket: int = 1
+    topo: Topology, numel: int, itemsize: int, src: tuple, dst: tuple, bucket: int = 1,
+    gradient: bool = False,
 ) -> list[Step]:
-    """The collectives, per mesh dim; with `bucket` > 1 the tensor is a parameter (or its
-    gradient) moved together with `bucket` - 1 others of its block: a merged kind pays
-    1/bucket of a latency."""
+    """The collectives, per mesh dim; with `bucket` > 1 the tensor is a parameter (or, with
+    `gradient`, a parameter's gradient) moved together with `bucket` - 1 others of its block:
+    the collective that `apply/bucket.py` merges pays 1/bucket of a latency (`_merged`)."""
+    kinds = [(i, transition(s, d)) for i, (s, d) in enumerate(zip(src, dst))]
+    kinds = [(i, kind) for i, kind in kinds if kind is not None]
     steps = []
     total = numel * itemsize
-    for i, (s, d) in enumerate(zip(src, dst)):
-        kind = transition(s, d)
-        if kind is None:
-            continue
+    for k, (i, kind) in enumerate(kinds):
         # the collective runs on the smallest view of the tensor: other dims sharded where
         # either side shards them (slices first, gathers last)
         shrink = 1
@@ -110,13 +121,15 @@ def redistribute_steps(
             if j != i and (isinstance(sj, Shard) or isinstance(dj, Shard)):
                 shrink *= topo.sizes[j]
         nbytes = total / shrink
-        share = 1.0 / bucket if kind in MERGED_PER_BLOCK else 1.0
+        merged = bucket > 1 and _merged(kind, k, len(kinds) - 1, gradient)
+        share = 1.0 / bucket if merged else 1.0
         steps.append(Step(kind, i, nbytes, topo.collective_time(kind, i, nbytes, share)))
     return steps
 
 
 def redistribute_time(topo: Topology, numel: int, itemsize: int, src: tuple, dst: tuple,
-                      bucket: int = 1) -> float:
+                      bucket: int = 1, gradient: bool = False) -> float:
     if src == dst:
         return 0.0
-    return sum(s.seconds for s in redistribute_steps(topo, numel, itemsize, src, dst, bucket))
+    return sum(s.seconds for s in redistribute_steps(topo, numel, itemsize, src, dst, bucket,
+                                                     gradient))

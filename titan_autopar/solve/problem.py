@@ -80,6 +80,7 @@ class Edge:
     arg: int
     weight: int
     param_side: bool  # a parameter all-gather or a gradient reduction: may overlap compute
+    gradient: bool = False  # param-side, carrying a gradient toward its parameter
 
 
 @dataclass
@@ -229,15 +230,16 @@ class Problem:
                 g = g.args[0]
 
         counts: dict[tuple, int] = {}
-        flags: dict[tuple, bool] = {}
+        flags: dict[tuple, tuple[bool, bool]] = {}
 
-        def link(p: fx.Node, i: int, c_unit: int, k: int, param_side: bool) -> None:
+        def link(p: fx.Node, i: int, c_unit: int, k: int, param_side: bool,
+                 gradient: bool = False) -> None:
             pu = self.index.get(reg.rep[p])
             if pu is None or pu == c_unit:
                 return
             key = (pu, i, c_unit, k)
             counts[key] = counts.get(key, 0) + 1
-            flags[key] = param_side
+            flags[key] = (param_side, gradient and param_side)
 
         for n in gm.graph.nodes:
             if n.op != "call_function" or n.target is operator.getitem:
@@ -246,18 +248,20 @@ class Problem:
             if cu is None:
                 continue
             for k, (p, i) in enumerate(tensor_inputs(n)):
-                link(p, i, cu, k, p in param_derived or n in grad_side)
+                link(p, i, cu, k, p in param_derived or n in grad_side,
+                     gradient=n in grad_side and p not in param_derived)
         for name, g in jg.grad_nodes.items():
             if isinstance(g, fx.Node):
                 p, i = resolve(g)
-                link(p, i, self.index[reg.rep[jg.param_nodes[name]]], 0, True)
+                link(p, i, self.index[reg.rep[jg.param_nodes[name]]], 0, True, gradient=True)
         for k, g in jg.input_grad_nodes.items():
             p, i = resolve(g)
             link(p, i, self.index[reg.rep[jg.input_nodes[k]]], 0, False)
         p, i = resolve(jg.output_value)
         link(p, i, self.index[jg.tangent_node], 0, False)
         for key, w in counts.items():
-            self.edges.append(Edge(*key, weight=w, param_side=flags[key]))
+            self.edges.append(Edge(*key, weight=w, param_side=flags[key][0],
+                                   gradient=flags[key][1]))
         self.in_edges: list[list[int]] = [[] for _ in self.units]
         self.out_edges: list[list[int]] = [[] for _ in self.units]
         for ei, e in enumerate(self.edges):
@@ -427,7 +431,7 @@ class Problem:
         if hit is None:
             e = self.edges[ei]
             t = self.units[e.src].outs[e.out]
-            move = (real_numel(t), itemsize(t, self.prec), src, dst, self.bucket(e))
+            move = (real_numel(t), itemsize(t, self.prec), src, dst, self.bucket(e), e.gradient)
             seconds = self._move_cache.get(move)
             if seconds is None:
                 seconds = self._move_cache[move] = redistribute_time(self.topo, *move)
