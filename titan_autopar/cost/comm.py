@@ -87,10 +87,6 @@ def transition(src: Placement, dst: Placement) -> str | None:
     return "all_gather"
 
 
-# the kinds `apply/bucket.py` merges per block when they move parameters or their gradients
-MERGED_PER_BLOCK = ("all_gather", "reduce_scatter")
-
-
 def _merged(kind: str, k: int, last: int, gradient: bool) -> bool:
     """Whether the `k`-th of a redistribution's collectives (`last` the index of its last) is
     one `apply/bucket.py` merges with the rest of its block's: a parameter's first gather (a
