@@ -51,6 +51,24 @@ def test_calibration_measures_this_machine(measured):
         points = doc["measurements"]["collectives"][f"{kind}/{n}"]
         assert len(points) == 4 and lat >= 0 and spb > 0
     assert hw.profile == f"{measured.name}#{on['fingerprint']}"
+    # the optimizer on DTensors, few large tensors then many small: both terms solved from them
+    opt = doc["measurements"]["optimizer"]
+    assert [p["tensors"] for p in opt] == [8, 64] and hw.optimizer_time_per_tensor > 0
+    # FSDP2's collectives inside a small training step, counted and sized as they were called
+    step = doc["measurements"]["collectives_in_step"]
+    assert step["collectives"] == 18  # 6 blocks: a gather, a regather (backward), a reduction each
+    assert step["fsdp_step_s"] > step["fsdp_one_rank_step_s"] > step["compute_alone_s"] > 0
+    assert step["clean_collectives_s"] > 0 and step["groups"] == 6
+    assert hw.collective_step_overhead == pytest.approx(step["per_call_s"], rel=0.06)
+    # FSDP2's own runtime (hooks, copies in and out), on a mesh of one rank: more than nothing
+    assert hw.fsdp_group_overhead == pytest.approx(step["per_group_s"], rel=0.06)
+    assert hw.fsdp_group_overhead > 0
+    # the overlap one all-reduce beside one matmul showed, at most what the step hid
+    assert 0 <= step["hidden_share"] <= 1 and hw.overlap_efficiency <= step["hidden_share"] + 0.01
+    # one transformer layer timed against the sum of its priced ops
+    layer = doc["measurements"]["layer"]
+    assert layer["nodes"] > 100 and layer["measured_s"] > 0 and layer["priced_s"] > 0
+    assert hw.compute_scale == pytest.approx(layer["measured_s"] / layer["priced_s"], rel=0.06)
 
 
 def test_one_rank_measures_no_collective_and_keeps_the_default_overlap(tmp_path):
@@ -64,6 +82,8 @@ def test_one_rank_measures_no_collective_and_keeps_the_default_overlap(tmp_path)
     doc = json.loads(out.read_text())
     hw = hardware_from_profile(out)
     assert hw.collective_fits == () and doc["measurements"]["collectives"] == {}
+    step = doc["measurements"]["collectives_in_step"]
+    assert hw.collective_step_overhead == 0 and "per_call_s" not in step and "groups" in step
     assert "overlap" not in doc["measurements"] and hw.overlap_efficiency == 0.9
     assert "overlap of a collective" not in run.stdout
 
@@ -133,7 +153,7 @@ def test_a_plan_records_its_profile_and_is_priced_by_it(tmp_path, mesh_of, debug
     model = debug_model("llama3")
     mesh = mesh_of(("dp_shard",), (4,))
     tokens = torch.zeros(4, 128, dtype=torch.long)
-    slow = replace(PRESETS["cpu"], collective_fits=tuple(
+    slow = replace(PRESETS["cpu"], collective_step_overhead=0.0, collective_fits=tuple(
         (k, 4, 0.5, 0.0) for k in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")))
     on = machine_description("cpu", "gloo", 4, 4, 1)
     p = write_profile(tmp_path / "slow_links.json", "slow-links", on, slow, {})

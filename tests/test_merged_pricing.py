@@ -15,7 +15,7 @@ from titan_autopar.cost.comm import Topology, redistribute_steps
 from titan_autopar.cost.hardware import PRESETS
 
 LATENCY = 0.5  # seconds per collective on every kind: latency dominates every price below
-SLOW = replace(PRESETS["cpu"], collective_fits=tuple(
+SLOW = replace(PRESETS["cpu"], collective_step_overhead=0.0, collective_fits=tuple(
     (k, 2, LATENCY, 0.0) for k in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")))
 R, P, S0, S1 = Replicate(), Partial(), Shard(0), Shard(1)
 

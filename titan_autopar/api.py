@@ -248,6 +248,7 @@ def plan_model(
         for n, i in param_units.items():
             pb.units[i].pin = user_pins.get(n)
         price = pb.evaluate(a)
+        price.framework = pb.fsdp_groups() * hw.fsdp_group_overhead  # both recipes run FSDP2
         priced[r] = {"price": price, "objective_ms": objective_ms(price, budget)}
         starts.append((r, a))
         if effort == "screen" and price.peak_memory <= budget * (1 + 1e-9):

@@ -119,8 +119,10 @@ def explain(plan, max_collectives: int = 25) -> str:
     for r, rp in d.get("recipes", {}).items():
         ratio = rp["step_time_s"] / p["step_time_s"] if p["step_time_s"] else float("nan")
         out.append(
-            f"Expert recipe {r}: step {rp['step_time_s'] * 1e3:.2f} ms, peak "
-            f"{rp['peak_memory_gib']:.2f} GiB (plan is {ratio:.3f}x its speed)"
+            f"Expert recipe {r}: step {rp['step_time_s'] * 1e3:.2f} ms"
+            + (f" (of which FSDP2's runtime {rp['framework_s'] * 1e3:.2f} ms)"
+               if rp.get("framework_s") else "")
+            + f", peak {rp['peak_memory_gib']:.2f} GiB (plan is {ratio:.3f}x its speed)"
         )
     s = d["solver"]
     out.append(f"Solver {s['name']}: {s['status']} (gap {s['gap']:.4f}), {s['programs']} programs, "

@@ -105,11 +105,17 @@ def draw(plan, path) -> Path:
     ax = fig.add_subplot(grid[2, 1])
     comp = [a["compute_s"] * 1e3 for a in arms.values()]
     comm = [a["exposed_comm_s"] * 1e3 for a in arms.values()]
+    # a recipe's FSDP2 runtime (plans written before it was priced have none)
+    fw = [a.get("framework_s", 0.0) * 1e3 for a in arms.values()]
     ax.barh(list(arms), comp, label="compute", color="#4c78a8")
     ax.barh(list(arms), comm, left=comp, label="exposed communication", color="#e15759")
-    for i, (c, e) in enumerate(zip(comp, comm)):
-        ax.text(c + e, i, f" {c + e:.4g} ms", va="center", fontsize=7)
-    ax.set_xlim(0, 1.45 * max(c + e for c, e in zip(comp, comm)))
+    if any(fw):
+        ax.barh(list(arms), fw, left=[c + e for c, e in zip(comp, comm)],
+                label="FSDP2 runtime", color="#f2b447")
+    ends = [c + e + f for c, e, f in zip(comp, comm, fw)]
+    for i, end in enumerate(ends):
+        ax.text(end, i, f" {end:.4g} ms", va="center", fontsize=7)
+    ax.set_xlim(0, 1.45 * max(ends))
     ax.invert_yaxis()
     ax.set_xlabel("ms per step (predicted)")
     ax.legend(fontsize=7, loc="center right")

@@ -11,7 +11,7 @@
 Prints one JSON line: per op, measured and both predictions; and the layer's total error against
 each (`profile_error_pct`, `preset_error_pct`).
 
-3. The whole layer (`whole_layer.py`): its joint forward+backward graph traced and priced node by
+3. The whole layer (`titan_autopar/cost/layer_check.py`): its joint forward+backward graph traced and priced node by
    node as the planner prices it (norms, RoPE, activations and casts too, not only the matmuls and
    attention), against the same step run eagerly (`whole_layer` in the JSON line).
 
@@ -35,8 +35,7 @@ import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from whole_layer import whole_layer  # noqa: E402
+from titan_autopar.cost.layer_check import whole_layer  # noqa: E402
 
 LAYER = {"tokens": 8192, "dim": 4096, "kv_dim": 1024, "hidden": 14336, "heads": 32, "head_dim": 128}
 SMALL = {"tokens": 256, "dim": 256, "kv_dim": 64, "hidden": 768, "heads": 4, "head_dim": 64}

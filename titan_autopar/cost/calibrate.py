@@ -7,18 +7,27 @@ trials. What it measures and what each becomes in `Hardware`:
 
   matmul       mm at three shape classes per dtype; t = floor + flops / rate fitted by least
                squares -> peak_fp32_flops, peak_bf16_flops (compute_efficiency = 1)
-  attention    causal scaled_dot_product_attention forward+backward, FLOPs counted as
-               `cost/compute.py` counts them -> attention_flops
+  attention    causal scaled_dot_product_attention forward+backward at three shapes, FLOPs
+               counted as `cost/compute.py` counts them; t = floor + flops / rate ->
+               attention_flops, attention_floor
+  loss         cross-entropy over logits, forward and backward, as TorchTitan's trainer
+               computes its loss -> loss_time_per_element
   memory       c = a + b on large tensors (3 x bytes moved) -> hbm_bandwidth
   launch       a one-element add, many times -> launch_overhead (the per-op floor)
-  optimizer    AdamW (foreach) step and gradient-norm clipping on this rank's tensors, per
-               element -> optimizer_time_per_element
+  optimizer    AdamW (foreach) step and gradient-norm clipping on DTensor parameters, few
+               large and many small -> optimizer_time_per_element, optimizer_time_per_tensor
   collectives  all_gather, reduce_scatter, all_reduce and all_to_all on each mesh dim's group
                over four message sizes; t = latency + bytes x seconds-per-byte fitted per
                (kind, group size) -> collective_fits, and intra/inter_node_* from all_gather
+  in a step    a small block stack alone, under FSDP2 on one rank, under FSDP2 on all ranks
+               (`cost/calibrate_step.py`) -> collective_step_overhead (seconds per collective
+               call beyond its curve), fsdp_group_overhead (FSDP2's runtime per group)
   overlap      an all_reduce issued before a matmul and waited for after it, against the two
-               apart -> overlap_efficiency (the share of the shorter one hidden; one rank has
-               no collective to hide, and keeps the default)
+               apart -> overlap_efficiency (the share of the shorter one hidden, at most the
+               share a small FSDP2 step hid; one rank has no collective to hide, and keeps the
+               default)
+  layer        one transformer layer's forward+backward (`cost/layer_check.py`), timed and
+               priced node by node with the figures above -> compute_scale (measured / priced)
   shared link  all_reduces on two mesh dims at once against one after the other -> recorded
                (measurements.shared_link), not yet priced
 
@@ -33,6 +42,7 @@ import math
 import os
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -42,11 +52,13 @@ from titan_autopar.cost.profile import COLLECTIVES, round2, this_machine, write_
 
 SIZES = {"cpu": {"mm": [(256, 256, 256), (512, 256, 768), (512, 512, 1024)],
                  "mm_bf16": [(64, 64, 64), (128, 64, 128), (128, 128, 256)],  # slow on CPUs
-                 "attn": [(2, 16, 256, 16), (2, 8, 512, 32)],
+                 "attn": [(4, 16, 128, 16), (2, 16, 256, 16), (2, 8, 512, 32)],
+                 "loss": [(512, 2048), (1024, 4096)],
                  "mem": 8 << 20, "msg": [16 << 10, 128 << 10, 1 << 20, 4 << 20]},
          "cuda": {"mm": [(2048, 2048, 2048), (8192, 4096, 4096), (8192, 4096, 14336)],
                   "mm_bf16": [(2048, 2048, 2048), (8192, 4096, 4096), (8192, 4096, 14336)],
                   "attn": [(1, 32, 4096, 128), (1, 32, 8192, 128)],
+                  "loss": [(8192, 32768), (8192, 65536)],
                   "mem": 256 << 20, "msg": [1 << 20, 16 << 20, 64 << 20, 256 << 20]}}
 
 
@@ -60,7 +72,7 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def timed(fn, device, group=None, reps: int = 3, trials: int = 3) -> float:
+def timed(fn, device, group=None, reps: int = 3, trials: int = 5) -> float:
     """Seconds per call of `fn`: the slowest rank's, median over `trials` of `reps` calls."""
     fn()
     _sync(device)
@@ -119,8 +131,23 @@ def _attention(device, dtype, shapes):
             torch.autograd.grad(o, (q, k, v), g)
         flops = 4.0 * b * h * s * s * d / 2 * (1 + 2.5)  # forward + backward, causal
         pts.append({"shape": [b, h, s, d], "flops": flops, "seconds": timed(step, device)})
-    _, spf = fit_line([p["flops"] for p in pts], [p["seconds"] for p in pts])
-    return 1.0 / spf, pts
+    floor, spf = fit_line([p["flops"] for p in pts], [p["seconds"] for p in pts])
+    return 1.0 / spf, floor, pts
+
+
+def _loss(device, dtype, shapes):
+    """Cross-entropy over [tokens, vocab] logits, forward and backward, as TorchTitan's trainer
+    computes its loss on the model's output: seconds per logit element."""
+    pts = []
+    for n, v in shapes:
+        logits = torch.randn(n, v, device=device, dtype=dtype, requires_grad=True)
+        labels = torch.randint(0, v, (n,), device=device)
+
+        def step():
+            torch.nn.functional.cross_entropy(logits.float(), labels).backward()
+        pts.append({"shape": [n, v], "elements": n * v, "seconds": timed(step, device)})
+    per = sum(p["elements"] * p["seconds"] for p in pts) / sum(p["elements"] ** 2 for p in pts)
+    return per, pts
 
 
 def _memory(device, nbytes):
@@ -141,18 +168,34 @@ def _launch(device):
 
 
 def _optimizer(device, nbytes):
-    """AdamW (foreach, as TorchTitan's configs) and clip_grad_norm_ on local tensors."""
-    n = nbytes // 4 // 8
-    ps = [torch.nn.Parameter(torch.randn(n, device=device)) for _ in range(8)]
-    for q in ps:
-        q.grad = torch.randn(n, device=device)
-    opt = torch.optim.AdamW(ps, lr=1e-4, foreach=True)
+    """AdamW (foreach, as TorchTitan's configs) and clip_grad_norm_ on DTensor parameters sharded
+    over every rank, as both TorchTitan's recipes and auto's plans hold them: 8 large tensors,
+    then 64 small ones. Each tensor costs DTensor dispatch and a foreach slot, each element its
+    arithmetic: t = per tensor x tensors + per element x local elements, solved from the two."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
 
-    def step():
-        torch.nn.utils.clip_grad_norm_(ps, 1.0, foreach=True)
-        opt.step()
-    t = timed(step, device)
-    return t / (8 * n), {"elements": 8 * n, "seconds": t}
+    world = dist.get_world_size()
+    mesh = init_device_mesh(device, (world,))
+    pts = []
+    for count, numel in ((8, nbytes // 4 // 8), (64, 1024 * world)):
+        numel = max(world, numel // world * world)
+        ps = []
+        for _ in range(count):
+            p = torch.nn.Parameter(distribute_tensor(torch.randn(numel, device=device), mesh, [Shard(0)]))
+            p.grad = distribute_tensor(torch.randn(numel, device=device), mesh, [Shard(0)])
+            ps.append(p)
+        opt = torch.optim.AdamW(ps, lr=1e-4, foreach=True)
+
+        def step():
+            torch.nn.utils.clip_grad_norm_(ps, 1.0, foreach=True)
+            opt.step()
+        pts.append({"tensors": count, "local_elements": count * numel // world,
+                    "seconds": timed(step, device)})
+    (n1, e1, t1), (n2, e2, t2) = ((p["tensors"], p["local_elements"], p["seconds"]) for p in pts)
+    per_element = max(0.0, (t1 * n2 - t2 * n1) / (e1 * n2 - e2 * n1))
+    per_tensor = max(0.0, (t2 - per_element * e2) / n2)
+    return per_element, per_tensor, pts
 
 
 def _collective(kind, group, k, nbytes, device):
@@ -216,14 +259,16 @@ def calibrate(mesh_shape: tuple[int, ...], device: str, say=None) -> tuple[Hardw
     fp32, meas["matmul_float32"] = _matmul(device, torch.float32, sz["mm"])
     bf16, meas["matmul_bfloat16"] = _matmul(device, torch.bfloat16, sz["mm_bf16"])
     say("attention")
-    attn, meas["attention_float32"] = _attention(
-        device, torch.float32 if device != "cuda" else torch.bfloat16, sz["attn"])
+    train_dtype = torch.float32 if device != "cuda" else torch.bfloat16
+    attn, attn_floor, meas["attention_float32"] = _attention(device, train_dtype, sz["attn"])
+    say("the loss")
+    loss, meas["loss"] = _loss(device, train_dtype, sz["loss"])
     say("memory bandwidth and the per-op floor")
     bw, meas["memory"] = _memory(device, sz["mem"])
     launch = _launch(device)
     meas["launch_s"] = launch
     say("optimizer step")
-    opt, meas["optimizer"] = _optimizer(device, sz["mem"])
+    opt, opt_tensor, meas["optimizer"] = _optimizer(device, sz["mem"])
     fits, meas["collectives"] = [], {}
     mesh = init_device_mesh(device, tuple(mesh_shape)) if len(mesh_shape) > 1 else None
     groups = {world: dist.group.WORLD} if world > 1 else {}
@@ -244,6 +289,13 @@ def calibrate(mesh_shape: tuple[int, ...], device: str, say=None) -> tuple[Hardw
     if mesh is not None and len(mesh_shape) >= 2 and min(mesh_shape[:2]) > 1:
         meas["shared_link"] = _shared_link(device, mesh.get_group(0), mesh.get_group(1),
                                            sz["msg"][-1])
+    say("a small training step: alone, under FSDP2 on one rank, on all ranks")
+    from titan_autopar.cost.calibrate_step import measure_step
+
+    in_step, fsdp_group, meas["collectives_in_step"] = measure_step(
+        device, {(kind, k): (lat, spb) for kind, k, lat, spb in fits})
+    if "hidden_share" in meas["collectives_in_step"]:  # what a step hid caps what one pair did
+        ov = min(ov, meas["collectives_in_step"]["hidden_share"])
     ag = [f for f in fits if f[0] == "all_gather"]
     big = max(ag, key=lambda f: f[1]) if ag else None
     link_bw = ((big[1] - 1) / big[1] / big[3]) if big and big[3] else bw
@@ -258,8 +310,18 @@ def calibrate(mesh_shape: tuple[int, ...], device: str, say=None) -> tuple[Hardw
         intra_node_bandwidth=round2(link_bw), inter_node_bandwidth=round2(link_bw),
         intra_node_latency=round2(link_lat), inter_node_latency=round2(link_lat),
         compute_efficiency=1.0, launch_overhead=round2(launch), overlap_efficiency=round2(ov),
-        attention_flops=round2(attn), optimizer_time_per_element=round2(opt),
+        attention_flops=round2(attn), attention_floor=round2(attn_floor),
+        loss_time_per_element=round2(loss), optimizer_time_per_element=round2(opt),
+        optimizer_time_per_tensor=round2(opt_tensor), collective_step_overhead=round2(in_step),
+        fsdp_group_overhead=round2(fsdp_group),
         collective_fits=tuple(sorted(fits)))
+    say("a whole transformer layer, timed against its priced ops")
+    from titan_autopar.cost.layer_check import LAYER, whole_layer
+
+    layer = whole_layer(device, train_dtype, LAYER["cuda" if device == "cuda" else "cpu"],
+                        {"priced": hw}, timed)
+    meas["layer"] = layer
+    hw = replace(hw, compute_scale=round2(layer["measured_s"] / layer["priced_s"]))
     return hw, meas
 
 
@@ -272,8 +334,6 @@ def calibrate_and_write(out, mesh_shape, device: str, say=None):
     on = this_machine(device)
     hw, meas = calibrate(mesh_shape, device, say)
     name = profile_name(device, on["backend"], on["world_size"], on["threads"])
-    from dataclasses import replace
-
     hw = replace(hw, name=name)
     if dist.get_rank() == 0:
         on["date"] = time.strftime("%Y-%m-%d")

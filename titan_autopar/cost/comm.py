@@ -6,7 +6,9 @@ placement to another, priced per mesh dim. A mesh dim whose ranks all sit inside
 NVLink figures; one that crosses nodes is bound by the inter-node link. Ring-style bandwidth
 terms, a log-depth latency term (a share of it for a parameter's or a gradient's collective that
 `apply/bucket.py` merges with the rest of its block's, and only for that one: `_merged`); where a measured profile has a fitted curve for the collective
-and group size (`Hardware.collective_fits`), that curve instead.
+and group size (`Hardware.collective_fits`), that curve instead; either way plus what a call
+costs inside a training step beyond it (`Hardware.collective_step_overhead`, a share of it where
+merged, as of the latency).
 """
 
 from __future__ import annotations
@@ -46,19 +48,21 @@ class Topology:
         k = self.sizes[dim]
         if k <= 1 or nbytes <= 0:
             return 0.0
+        # what a call costs inside a training step beyond its curve (cost/calibrate_step.py)
+        in_step = self.hw.collective_step_overhead * latency_share
         fit = self.fits.get((kind, k))
         if fit is not None:  # measured on this machine (cost/calibrate.py)
-            return fit[0] * latency_share + fit[1] * nbytes
+            return in_step + fit[0] * latency_share + fit[1] * nbytes
         if kind == "send_recv":  # each rank sends `nbytes` to one peer and receives as many
-            return self.latency[dim] * latency_share + nbytes / self.bandwidth[dim]
+            return in_step + self.latency[dim] * latency_share + nbytes / self.bandwidth[dim]
         bw, lat = self.bandwidth[dim], self.latency[dim] * math.ceil(math.log2(k)) * latency_share
         frac = (k - 1) / k
         if kind == "all_reduce":
-            return 2 * lat + 2 * frac * nbytes / bw
+            return in_step + 2 * lat + 2 * frac * nbytes / bw
         if kind in ("all_gather", "reduce_scatter"):
-            return lat + frac * nbytes / bw
+            return in_step + lat + frac * nbytes / bw
         if kind == "all_to_all":
-            return lat + frac * nbytes / k / bw
+            return in_step + lat + frac * nbytes / k / bw
         raise ValueError(kind)
 
 

@@ -5,8 +5,11 @@ Owns `node_flops` (matmuls and attention; 0 for everything else; manual regions 
 `compute_time`: the time one rank spends on a node whose work is split `split` ways
 (the product of the mesh dims on which the node's strategy is not all-Replicate), as the larger
 of its FLOPs at `compute_efficiency` of peak (the bf16 peak for elements of 2 bytes or less, the
-fp32 peak otherwise; attention at the measured `attention_flops` where a profile has one) and
-its memory traffic at HBM bandwidth, plus a launch floor. Views and other aliasing ops are free.
+fp32 peak otherwise; attention at the measured `attention_flops`, plus its measured per-call
+`attention_floor`, where a profile has them) and
+its memory traffic at HBM bandwidth, plus a launch floor, times the measured `compute_scale` (a
+whole layer's time over the sum of its ops' prices, `cost/layer_check.py`). Views and other
+aliasing ops are free.
 """
 
 from __future__ import annotations
@@ -86,8 +89,11 @@ def compute_time(
     flops = node_flops(node) / split
     peak = hw.peak_bf16_flops if itemsize <= 2 else hw.peak_fp32_flops
     rate = peak * hw.compute_efficiency
+    floor = 0.0
     if hw.attention_flops and is_attention(node):
         rate = hw.attention_flops  # measured, in the dtype the profile's machine trains in
-    t_flops = flops / rate
+        # the fit's intercept per call, shared as the FLOPs are (backward 2.5x the forward)
+        floor = hw.attention_floor * (2.5 if "backward" in str(node.target) else 1.0) / 3.5
+    t_flops = floor + flops / rate
     t_mem = local_bytes / hw.hbm_bandwidth
-    return hw.launch_overhead + max(t_flops, t_mem)
+    return (hw.launch_overhead + max(t_flops, t_mem)) * hw.compute_scale

@@ -2,7 +2,8 @@
 
 Owns `Hardware` (peak FLOP/s, HBM bandwidth and capacity, GPUs per node, intra- and inter-node
 link bandwidth and latency, how much of compute a collective can hide behind, and, when measured,
-attention FLOP/s and fitted collective curves) and `get_hardware`, which accepts a preset name, a
+attention FLOP/s, the optimizer's cost per element and per tensor, fitted collective curves and
+what a collective costs inside a training step beyond its curve) and `get_hardware`, which accepts a preset name, a
 hardware profile file (`cost/profile.py`, written by `titan-autopar calibrate`) or a `Hardware`.
 Figures are per GPU (per rank) and dense (no sparsity).
 
@@ -36,9 +37,27 @@ class Hardware:
     launch_overhead: float = 5e-6  # seconds per kernel that does work
     overlap_efficiency: float = 0.9  # fraction of compute time parameter collectives can hide behind
     attention_flops: float = 0.0  # measured attention FLOP/s (0: priced as a matmul)
+    # a whole transformer layer's measured time over the sum of its ops' prices (cost/layer_check.py):
+    # multiplies every op's price; 1 (the presets): not measured
+    compute_scale: float = 1.0
+    # measured seconds per attention call (forward and backward together) beyond its FLOPs at
+    # attention_flops: the fit's intercept, shared 1 : 2.5 between forward and backward
+    attention_floor: float = 0.0
+    # seconds per element of the model's output of the trainer's loss (cross-entropy, forward and
+    # backward), as measured; 0 (the GPU presets): not priced
+    loss_time_per_element: float = 0.0
     # seconds per parameter element of one rank's optimizer step (AdamW, foreach) and gradient
     # clipping, as measured; 0 (the GPU presets): not priced
     optimizer_time_per_element: float = 0.0
+    optimizer_time_per_tensor: float = 0.0  # seconds per parameter tensor of the same step
+    # seconds each collective call costs inside a training step beyond its clean measured time
+    # (ranks arriving apart, compute and communication sharing cores: `cost/calibrate_step.py`);
+    # priced as part of a collective's latency; 0 (the GPU presets): not priced
+    collective_step_overhead: float = 0.0
+    # seconds per FSDP2 parameter group per step of TorchTitan's recipes' runtime (hooks, copies
+    # into and out of the gathered buffers), beyond compute and collectives: measured; prices the
+    # recipes only (auto's plans run their own program); 0 (the GPU presets): not priced
+    fsdp_group_overhead: float = 0.0
     # measured collective curves: (kind, group size, latency s, seconds per byte of the tensor
     # as the collective sees it); a (kind, size) pair listed here replaces the formula
     collective_fits: tuple = ()
@@ -123,7 +142,12 @@ PRESETS: dict[str, Hardware] = {
         launch_overhead=4.3e-6,
         overlap_efficiency=0.0,
         attention_flops=9e9,
+        attention_floor=5e-3,
+        loss_time_per_element=9e-9,
         optimizer_time_per_element=1.8e-8,
+        optimizer_time_per_tensor=2.5e-4,
+        collective_step_overhead=5e-3,
+        fsdp_group_overhead=7.5e-3,
     ),
 }
 

@@ -13,7 +13,8 @@ two more. A region the user wrote is priced as dense work, 2 FLOPs per parameter
 token, with no collectives of its own.
 
 The program recomputes a region's forward in the backward (its activations are not kept between
-the two), so a backward op's price includes one more forward, all-to-alls included.
+the two), so a backward op's price includes one more forward, all-to-alls included. Compute is
+scaled by the measured `compute_scale`, as every op's is (`cost/compute.py`).
 
 MOE_LOAD_IMBALANCE = 1.2: the busiest rank's share of routed tokens over the mean. Balanced
 routing (TorchTitan's auxiliary-loss-free bias) keeps it near 1; 1.2 is an assumption, not a
@@ -51,6 +52,7 @@ def region_seconds(work: RegionWork, backward: bool, tokens: float, hw, topo,
     peak = hw.peak_bf16_flops if itemsize <= 2 else hw.peak_fp32_flops
     forward = work.flops_per_token * tokens / (peak * hw.compute_efficiency)
     compute = hw.launch_overhead + (3 * forward if backward else forward)  # bwd = 2x fwd + recompute
+    compute *= hw.compute_scale  # a measured layer's time over its priced ops (cost/layer_check.py)
     comm = 0.0
     if work.ep_dim is not None and work.a2a_elements_per_token:
         k = topo.sizes[work.ep_dim]

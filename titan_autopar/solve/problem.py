@@ -89,11 +89,13 @@ class Price:
     comm: float = 0.0  # exposed communication (after overlap)
     comm_total: float = 0.0
     comm_param: float = 0.0  # parameter all-gathers and gradient reductions, before overlap
+    # a recipe's runtime beyond compute and communication (FSDP2's, per group: `fsdp_groups`)
+    framework: float = 0.0
     memory: dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in MEMORY_KINDS})
 
     @property
     def step_time(self) -> float:
-        return self.compute + self.comm
+        return self.compute + self.comm + self.framework
 
     @property
     def peak_memory(self) -> float:
@@ -350,7 +352,8 @@ class Problem:
                 mem["parameters"] = w * n * prec.parameter
                 mem["gradients"] = w * n * prec.gradient
                 mem["optimizer"] = w * n * prec.optimizer
-                compute = w * n * self.hw.optimizer_seconds  # each rank steps its own shard
+                # each rank steps its own shard; every tensor pays its dispatch
+                compute = w * (n * self.hw.optimizer_seconds + self.hw.optimizer_time_per_tensor)
             elif unit.kind == "buffer":
                 mem["parameters"] = w * out_local[0] * unit.outs[0].element_size()
             elif unit.kind == "op" and unit.region is not None:
@@ -380,6 +383,8 @@ class Problem:
                     compute *= 2
                 for j in unit.saved:
                     mem["activations"] += w * out_local[j] * itemsize(unit.outs[j], prec)
+            if unit.node is self.jg.tangent_node and ok:  # the trainer's loss on the output
+                compute += w * out_local[0] * self.hw.loss_time_per_element
             res = (compute, mem) if ok else None
         self._unit_cache[key] = res
         return res
@@ -450,6 +455,12 @@ class Problem:
                 if u.kind == "param":
                     self._bucket_sizes[u.block] = self._bucket_sizes.get(u.block, 0) + 1
         return max(1, self._bucket_sizes.get(self.edge_group(e), 1))
+
+    def fsdp_groups(self) -> int:
+        """The groups TorchTitan's recipes give FSDP2: one per block with parameters (every
+        member of a class of repeated blocks), one for the root's own parameters."""
+        weight = {u.block: (u.weight if u.block else 1) for u in self.units if u.kind == "param"}
+        return sum(weight.values())
 
     def edge_group(self, e: Edge) -> str:
         """Overlap group of a parameter-side edge: the block its compute runs in."""

@@ -1,15 +1,19 @@
-"""One whole Llama3-8B transformer layer, forward and backward, priced node by node and timed.
+"""One whole transformer layer, forward and backward, priced node by node and timed.
 
 The layer is written in plain PyTorch as TorchTitan's llama3 writes it (RMSNorm, complex RoPE,
 grouped-query causal SDPA, SwiGLU feed-forward, two residuals), so the check needs no TorchTitan.
 Its joint forward+backward graph is traced with `make_fx` on fake tensors, and every node is priced
 the way the planner prices an unsharded node (`cost/compute.compute_time` with split 1 and the
 node's input and output bytes as its traffic). The same step then runs eagerly and is timed.
+`whole_layer(device, dtype, sizes, hardwares, time_fn)` returns the measured seconds, each
+hardware's priced seconds, and the split of the price into matmuls and attention against
+everything else (norms, RoPE, activations, casts: the ops priced at memory bandwidth plus the
+per-op floor).
 
-`whole_layer(device, dtype, sizes, hardwares)` returns the measured seconds, each hardware's
-priced seconds, and the split of the price into matmuls and attention against everything else
-(norms, RoPE, activations, casts: the ops priced at memory bandwidth plus the per-op floor).
-`calibrate_and_check.py` calls it; it is not run on its own.
+`cost/calibrate.py` runs it on every rank at `LAYER[device]` and keeps measured / priced as
+`Hardware.compute_scale`: what a real layer's ops cost beyond the sum of their micro-benchmarked
+prices (layouts, caches, the dispatch of many small ops). `benchmarks/gpu/calibrate_and_check.py`
+runs it at Llama3-8B's size against a profile and a preset.
 """
 
 from __future__ import annotations
@@ -19,6 +23,14 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from titan_autopar.cost.compute import compute_time, node_flops
+
+
+# the llama3 debug model's layer on CPU ranks (two sequences of 256 tokens); half of a Llama3-8B
+# layer's tokens on a GPU (the one-GPU check prices 8192)
+LAYER = {"cpu": {"tokens": 512, "dim": 256, "kv_dim": 256, "hidden": 768, "heads": 16,
+                 "head_dim": 16},
+         "cuda": {"tokens": 4096, "dim": 4096, "kv_dim": 1024, "hidden": 14336, "heads": 32,
+                  "head_dim": 128}}
 
 
 def _rms(x, w, eps=1e-5):
