@@ -91,8 +91,11 @@ def test_one_rank_measures_no_collective_and_keeps_the_default_overlap(tmp_path)
 def test_the_committed_gpu_profile_loads_for_planning():
     """The H200 profile measured by benchmarks/gpu/calibrate_and_check.py prices plans here."""
     hw = get_hardware(str(REPO / "benchmarks/profiles/h200_1gpu.json"))
-    assert hw.name == "cuda-nccl-1" and hw.peak_bf16_flops == 8e14
+    assert hw.name == "cuda-nccl-1" and hw.peak_bf16_flops == 7.9e14
     assert hw.peak_fp32_flops == 5.1e13 and hw.attention_flops == 5.9e14
+    # one GPU: no collective measured, FSDP2's runtime and the layer's scale are
+    assert hw.collective_step_overhead == 0 and hw.fsdp_group_overhead == 5.1e-4
+    assert hw.compute_scale == 1.0 and hw.attention_floor == 2.6e-4
 
 
 def test_a_profile_round_trips(tmp_path):

@@ -240,7 +240,7 @@ def cmd_calibrate(a) -> int:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={a.nproc}", "-m", "titan_autopar.cost.calibrate", "--out", str(out),
            "--device", a.device] + (["--mesh", a.mesh] if a.mesh else [])
-    print(f"[calibrate] measuring {a.nproc} {a.device} ranks (about 20 s on CPU)", flush=True)
+    print(f"[calibrate] measuring {a.nproc} {a.device} ranks (about 35 s on CPU)", flush=True)
     run = subprocess.run(cmd, env=env)
     if run.returncode != 0:
         raise RuntimeError(f"calibration failed (exit {run.returncode}); its output is above")

@@ -60,10 +60,14 @@ def _time(fn, device: str, reps: int = 10) -> float:
 
 
 def _predict(hw, flops: float, nbytes: float, attention: bool, itemsize: int = 2) -> float:
-    """As `cost/compute.py` prices an op: the bf16 peak for 2-byte elements, fp32's otherwise."""
+    """As `cost/compute.py` prices an op: the bf16 peak for 2-byte elements, fp32's otherwise;
+    attention (forward and backward together here) at its rate plus its whole per-call floor;
+    times the profile's compute_scale (fitted on a layer of half these tokens)."""
     peak = hw.peak_bf16_flops if itemsize <= 2 else hw.peak_fp32_flops
     rate = hw.attention_flops if attention and hw.attention_flops else peak * hw.compute_efficiency
-    return hw.launch_overhead + max(flops / rate, nbytes / hw.hbm_bandwidth)
+    floor = hw.attention_floor if attention and hw.attention_flops else 0.0
+    t = hw.launch_overhead + max(floor + flops / rate, nbytes / hw.hbm_bandwidth)
+    return t * hw.compute_scale
 
 
 def main() -> int:

@@ -4,7 +4,7 @@
 profile written by `titan-autopar calibrate`, or "calibrate". A profile must describe the
 machine the job runs on (`cost/profile.py check_machine`): one measured elsewhere, or with
 another number of ranks, is refused with what differs. "calibrate" measures the job's own ranks
-at start (`cost/calibrate.py`, about 20 s on CPU ranks) and keeps the profile in the cache folder
+at start (`cost/calibrate.py`, about 35 s on CPU ranks) and keeps the profile in the cache folder
 by machine fingerprint, so the next job on the same machine reads it instead; every rank takes
 part in the measurement, rank 0 writes the file. Either way the plan records which profile
 priced it (`hardware.profile`).
