@@ -1,10 +1,12 @@
-"""What a collective costs inside a training step beyond its clean, barrier-aligned measurement.
+"""A small training step, measured three ways: what a collective costs inside a step beyond its
+clean, barrier-aligned curve, what FSDP2's own runtime costs, and how much of the collectives a
+step hides.
 
 `cost/calibrate.py` times each collective with every rank lined up at a barrier and doing nothing
 else. Inside a training step the ranks reach each collective at different moments, and on CPU
 ranks that share cores, computing ranks and communicating ranks compete for the same cores. On
 four gloo ranks on two cores a 3 MB all-gather of the FSDP recipe took 16 ms per call in
-TorchTitan's trainer against 6-8 ms alone. `step_overhead` measures that difference on the job's
+TorchTitan's trainer against 6-8 ms alone. `measure_step` measures that difference on the job's
 own ranks, in a small training step rather than in a model of it:
 
   1. a stack of transformer-like blocks (norm, two projections, an MLP), forward and backward of
@@ -26,7 +28,8 @@ step hid nothing).
 
 It becomes `Hardware.collective_step_overhead`: `cost/comm.py` adds it to every collective as
 part of its latency (a collective merged with its block's pays its share, as of the latency).
-On GPUs the collectives run on their own streams and the figure comes out near 0.
+On GPUs the collectives run on their own streams and the figure should come out near 0 (not yet
+measured on more than one GPU).
 
 The FSDP2 figure becomes `Hardware.fsdp_group_overhead`, which prices TorchTitan's recipes (each
 block and the root a group: `api.py`); auto's plans run their own program (`apply/`), whose
