@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+from titan_autopar.cost.compute import op_seconds  # noqa: E402
 from titan_autopar.cost.layer_check import whole_layer  # noqa: E402
 
 LAYER = {"tokens": 8192, "dim": 4096, "kv_dim": 1024, "hidden": 14336, "heads": 32, "head_dim": 128}
@@ -60,14 +61,9 @@ def _time(fn, device: str, reps: int = 10) -> float:
 
 
 def _predict(hw, flops: float, nbytes: float, attention: bool, itemsize: int = 2) -> float:
-    """As `cost/compute.py` prices an op: the bf16 peak for 2-byte elements, fp32's otherwise;
-    attention (forward and backward together here) at its rate plus its whole per-call floor;
-    times the profile's compute_scale (fitted on a layer of half these tokens)."""
-    peak = hw.peak_bf16_flops if itemsize <= 2 else hw.peak_fp32_flops
-    rate = hw.attention_flops if attention and hw.attention_flops else peak * hw.compute_efficiency
-    floor = hw.attention_floor if attention and hw.attention_flops else 0.0
-    t = hw.launch_overhead + max(floor + flops / rate, nbytes / hw.hbm_bandwidth)
-    return t * hw.compute_scale
+    """As `cost/compute.py` prices an op; attention (forward and backward together here) pays
+    its whole per-call floor."""
+    return op_seconds(flops, nbytes, hw, itemsize, attention, hw.attention_floor)
 
 
 def main() -> int:

@@ -45,24 +45,30 @@ class Topology:
     def collective_time(self, kind: str, dim: int, nbytes: float, latency_share: float = 1.0) -> float:
         """Seconds of one collective; `latency_share` of its fixed latency is charged (a
         collective merged with others into one pays a share of one latency)."""
-        k = self.sizes[dim]
-        if k <= 1 or nbytes <= 0:
+        if self.sizes[dim] <= 1 or nbytes <= 0:
             return 0.0
         # what a call costs inside a training step beyond its curve (cost/calibrate_step.py)
         in_step = self.hw.collective_step_overhead * latency_share
+        latency, transfer = self._curve(kind, dim, nbytes, latency_share)
+        return in_step + latency + transfer
+
+    def _curve(self, kind: str, dim: int, nbytes: float, latency_share: float) -> tuple[float, float]:
+        """(latency, transfer) seconds of the collective alone: the profile's fitted curve, else
+        the formula."""
+        k = self.sizes[dim]
         fit = self.fits.get((kind, k))
         if fit is not None:  # measured on this machine (cost/calibrate.py)
-            return in_step + fit[0] * latency_share + fit[1] * nbytes
+            return fit[0] * latency_share, fit[1] * nbytes
         if kind == "send_recv":  # each rank sends `nbytes` to one peer and receives as many
-            return in_step + self.latency[dim] * latency_share + nbytes / self.bandwidth[dim]
+            return self.latency[dim] * latency_share, nbytes / self.bandwidth[dim]
         bw, lat = self.bandwidth[dim], self.latency[dim] * math.ceil(math.log2(k)) * latency_share
         frac = (k - 1) / k
         if kind == "all_reduce":
-            return in_step + 2 * lat + 2 * frac * nbytes / bw
+            return 2 * lat, 2 * frac * nbytes / bw
         if kind in ("all_gather", "reduce_scatter"):
-            return in_step + lat + frac * nbytes / bw
+            return lat, frac * nbytes / bw
         if kind == "all_to_all":
-            return in_step + lat + frac * nbytes / k / bw
+            return lat, frac * nbytes / k / bw
         raise ValueError(kind)
 
 

@@ -1,7 +1,7 @@
 """Roofline compute prices of graph nodes.
 
 Owns `node_flops` (matmuls and attention; 0 for everything else; manual regions are priced by
-`cost/regions.py`) and
+`cost/regions.py`), `op_seconds` (the price of given FLOPs and bytes) and
 `compute_time`: the time one rank spends on a node whose work is split `split` ways
 (the product of the mesh dims on which the node's strategy is not all-Replicate), as the larger
 of its FLOPs at `compute_efficiency` of peak (the bf16 peak for elements of 2 bytes or less, the
@@ -86,14 +86,23 @@ def compute_time(
     """One rank's time for `node`: its work split `split` ways and `local_bytes` of traffic."""
     if node.target in FREE_OPS or node.op != "call_function":
         return 0.0
-    flops = node_flops(node) / split
+    attention = is_attention(node)
+    # the floor is shared as the FLOPs are (backward 2.5x the forward)
+    floor = hw.attention_floor * (2.5 if "backward" in str(node.target) else 1.0) / 3.5 \
+        if attention else 0.0
+    return op_seconds(node_flops(node) / split, local_bytes, hw, itemsize, attention, floor)
+
+
+def op_seconds(flops: float, local_bytes: float, hw: Hardware, itemsize: int,
+               attention: bool = False, floor: float = 0.0) -> float:
+    """The roofline price of `flops` and `local_bytes` on one rank; an attention op pays `floor`
+    seconds of the measured per-call floor, where the profile measured attention."""
     peak = hw.peak_bf16_flops if itemsize <= 2 else hw.peak_fp32_flops
     rate = peak * hw.compute_efficiency
-    floor = 0.0
-    if hw.attention_flops and is_attention(node):
+    if hw.attention_flops and attention:
         rate = hw.attention_flops  # measured, in the dtype the profile's machine trains in
-        # the fit's intercept per call, shared as the FLOPs are (backward 2.5x the forward)
-        floor = hw.attention_floor * (2.5 if "backward" in str(node.target) else 1.0) / 3.5
+    else:
+        floor = 0.0
     t_flops = floor + flops / rate
     t_mem = local_bytes / hw.hbm_bandwidth
     return (hw.launch_overhead + max(t_flops, t_mem)) * hw.compute_scale
