@@ -68,3 +68,40 @@ def test_the_attention_floor_and_the_loss_are_priced_once_per_call(mesh_of, debu
     vocab = model.output.weight.shape[0]
     logits_here = 1 * 128 * vocab  # a quarter of the batch of 4 on each rank
     assert b - a == pytest.approx(len(model.layers) * 0.035 + logits_here * 1e-6, rel=1e-6)
+
+
+def test_the_trainers_own_collectives_are_priced_per_step_on_every_arm(mesh_of, debug_model):
+    """TorchTitan's train_step all-reduces the valid tokens over the data dims, the gradient norm
+    over every split dim and, on logged steps, three loss figures: priced per call on each dim,
+    the same on the plan and on each recipe, and the plan's placements stay as they were."""
+    from titan_autopar.cost.loop import loop_seconds
+    from titan_autopar.titan.loop_collectives import trainer_loop_collectives
+
+    names, sizes = ("dp_shard", "tp"), (2, 2)
+    every = trainer_loop_collectives(names, sizes, log_freq=1)
+    assert [(c.dims, c.per_step) for c in every] == [
+        (("dp_shard",), 1.0), (("dp_shard", "tp"), 1.0), (("dp_shard",), 3.0)]
+    assert trainer_loop_collectives(names, sizes, log_freq=10)[-1].per_step == pytest.approx(0.3)
+    assert trainer_loop_collectives(("dp_shard",), (1,)) == ()  # one rank: nothing to reduce
+    hw = PRESETS["cpu"]
+    topo = Topology(sizes, hw)
+    ar = topo.collective_time("all_reduce", 0, 8)
+    assert loop_seconds(topo, names, every) == pytest.approx(
+        ar + topo.collective_time("all_reduce", 0, 4) + topo.collective_time("all_reduce", 1, 4)
+        + 3 * ar)
+    assert ar > hw.collective_step_overhead  # a few bytes still pay a call's latency
+
+    model = debug_model("llama3")
+    mesh = mesh_of(names, sizes)
+    tokens = (torch.zeros(2, 128, dtype=torch.long),)
+    plans = [plan_model(model, mesh, tokens, progress=lambda s: None, hardware=hw,
+                        loop_collectives=loop) for loop in ((), every)]
+    assert plans[0].data["parameters"] == plans[1].data["parameters"]
+    want = loop_seconds(topo, names, every)
+    for arm in ("fsdp", "fsdp_tp"):
+        a, b = (p.data["recipes"][arm] for p in plans)
+        assert a["loop_s"] == 0.0 and b["loop_s"] == pytest.approx(want, rel=1e-6)
+        assert b["step_time_s"] - a["step_time_s"] == pytest.approx(want, rel=1e-6)
+    a, b = (p.data["predicted"] for p in plans)
+    assert b["step_time_s"] - a["step_time_s"] == pytest.approx(want, rel=1e-6)
+    assert "training loop's own collectives" in plans[1].explain()

@@ -23,6 +23,7 @@ from titan_autopar.apply.interpret import trace_local_joint
 from titan_autopar.apply.module import parallelize_module
 from titan_autopar.apply.partition import split_joint
 from titan_autopar.cost.hardware import GiB, get_hardware
+from titan_autopar.cost.loop import loop_seconds
 from titan_autopar.cost.memory import Precision
 from titan_autopar.graph.recompute import check_mode
 from titan_autopar.graph.attention import flex_modules
@@ -96,6 +97,7 @@ def plan_model(
     effort: str = "full",
     trace_cache: dict | None = None,
     cp_attention: str = "cheapest",
+    loop_collectives=(),
 ) -> Plan:
     """Plan `model`'s training step on `mesh`: one placement per parameter and per graph node.
 
@@ -120,6 +122,9 @@ def plan_model(
     `cp_attention` is what attention may do on a cp dim: "cheapest" (default: shard its batch,
     its heads or its sequence -- ring attention --, or replicate it, whichever is priced
     lowest) or "ring" (shard its sequence, as TorchTitan's CP recipe does).
+    `loop_collectives` (`cost.loop.LoopCollective`s) are what the training loop communicates each
+    step outside the model (TorchTitan's: `titan/loop_collectives.py`); they are priced into every
+    prediction (`loop_s`), the same for every plan.
     """
     say = progress or log.info
     hw = get_hardware(hardware)
@@ -237,6 +242,7 @@ def plan_model(
     if effort == "screen":  # the recipe TorchTitan would run on these degrees, then the other
         recipes.sort(key=lambda r: r != ("fsdp_tp" if has_tp else "fsdp"))
     priced: dict[str, dict] = {}
+    loop_s = loop_seconds(pb.topo, names, loop_collectives)
     starts = []
     for r in recipes:
         pins = recipe_placements(r, shapes, names, sizes)
@@ -249,6 +255,7 @@ def plan_model(
             pb.units[i].pin = user_pins.get(n)
         price = pb.evaluate(a)
         price.framework = pb.fsdp_groups() * hw.fsdp_group_overhead  # both recipes run FSDP2
+        price.loop = loop_s
         priced[r] = {"price": price, "objective_ms": objective_ms(price, budget)}
         starts.append((r, a))
         if effort == "screen" and price.peak_memory <= budget * (1 + 1e-9):
@@ -280,6 +287,7 @@ def plan_model(
                        "solver_seconds": stats.solve_seconds, "programs": stats.solves,
                        "max_variables": stats.variables, "max_constraints": stats.constraints}
     price = pb.evaluate(assign)
+    price.loop = loop_s
     phases["solve"]["objective_ms"] = objective_ms(price, budget)  # what the programs minimise
     say(f"[solve] {stats.solves} programs in {phases['solve']['seconds']:.2f}s; predicted step "
         f"{price.step_time * 1e3:.2f} ms, peak {price.peak_memory / GiB:.2f} GiB (best start: {start})")

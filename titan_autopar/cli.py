@@ -114,6 +114,7 @@ def cmd_plan(a) -> int:
 
     from titan_autopar import plan_model
     from titan_autopar.cost.memory import Precision
+    from titan_autopar.titan.loop_collectives import trainer_loop_collectives
     from titan_autopar.titan.models import build_model, global_batch
 
     if a.config:  # the job file decides model, shapes, mesh, hardware and budget
@@ -157,7 +158,9 @@ def cmd_plan(a) -> int:
                       param_dtype=getattr(torch, a.param_dtype) if a.param_dtype not in
                       (None, "float32") else None,
                       precision=Precision(exact_floats=True) if a.param_dtype == "float32" else None,
-                      cp_attention=a.cp_attention or "cheapest", progress=say)
+                      cp_attention=a.cp_attention or "cheapest", progress=say,
+                      loop_collectives=trainer_loop_collectives(names, sizes, job.log_freq)
+                      if a.config else ())
     plan.save(a.out, timings=a.timings)
     say(f"wrote {a.out}")
     if a.explain:

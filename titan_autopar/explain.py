@@ -110,6 +110,8 @@ def explain(plan, max_collectives: int = 25) -> str:
     out.append(
         f"Predicted step {p['step_time_s'] * 1e3:.2f} ms = compute {p['compute_s'] * 1e3:.2f} ms + "
         f"exposed comm {p['exposed_comm_s'] * 1e3:.2f} ms (all comm {p['total_comm_s'] * 1e3:.2f} ms)"
+        + (f" + the training loop's own collectives {p['loop_s'] * 1e3:.2f} ms"
+           if p.get("loop_s") else "")
     )
     m = p["memory_gib"]
     out.append(

@@ -112,7 +112,11 @@ def draw(plan, path) -> Path:
     if any(fw):
         ax.barh(list(arms), fw, left=[c + e for c, e in zip(comp, comm)],
                 label="FSDP2 runtime", color="#f2b447")
-    ends = [c + e + f for c, e, f in zip(comp, comm, fw)]
+    loop = [a.get("loop_s", 0.0) * 1e3 for a in arms.values()]  # the same for every arm
+    if any(loop):
+        ax.barh(list(arms), loop, left=[c + e + f for c, e, f in zip(comp, comm, fw)],
+                label="training loop's collectives", color="#9c755f")
+    ends = [c + e + f + g for c, e, f, g in zip(comp, comm, fw, loop)]
     for i, end in enumerate(ends):
         ax.text(end, i, f" {end:.4g} ms", va="center", fontsize=7)
     ax.set_xlim(0, 1.45 * max(ends))

@@ -91,11 +91,14 @@ class Price:
     comm_param: float = 0.0  # parameter all-gathers and gradient reductions, before overlap
     # a recipe's runtime beyond compute and communication (FSDP2's, per group: `fsdp_groups`)
     framework: float = 0.0
+    # the training loop's own collectives, outside the model (`cost/loop.py`): the same for every
+    # plan of one job
+    loop: float = 0.0
     memory: dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in MEMORY_KINDS})
 
     @property
     def step_time(self) -> float:
-        return self.compute + self.comm + self.framework
+        return self.compute + self.comm + self.framework + self.loop
 
     @property
     def peak_memory(self) -> float:

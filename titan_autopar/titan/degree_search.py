@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from titan_autopar.solve.search import Candidate, Degrees, ModelShape, candidate_degrees, rank_rows
+from titan_autopar.titan.loop_collectives import trainer_loop_collectives
 
 GiB = 1024 ** 3
 KEY = "tokens_per_gpu_s"
@@ -97,7 +98,8 @@ def search_degrees(job, *, hardware: str, make_mesh: Callable, top: int = 2,
                           solver=solver, activation_checkpointing=job.activation_checkpointing,
                           param_dtype=getattr(torch, pd) if pd else None,
                           precision=None if pd else Precision(exact_floats=True), progress=quiet,
-                          effort=effort, trace_cache=cache, cp_attention=job.cp_attention)
+                          effort=effort, trace_cache=cache, cp_attention=job.cp_attention,
+                          loop_collectives=trainer_loop_collectives(names, sizes, job.log_freq))
 
     tokens_per_gpu = job.local_batch_size * job.seq_len  # per data-parallel rank and step
 

@@ -35,6 +35,7 @@ class PlanningJob:
     manual_style: str = "torchtitan_ep"
     search_degrees: bool = False
     cp_attention: str = "cheapest"
+    log_freq: int = 10  # [metrics] log_freq: the trainer's logging collectives run that often
 
 
 def planner_mesh(dp_replicate: int, dp_shard: int, tp: int, ep: int = 1,
@@ -70,7 +71,7 @@ def _checked_sections(cfg: dict, source: str) -> dict:
     declared = {"model": [tt.Model], "training": [tt.Training],
                 "parallelism": [tt.Parallelism, ours.Parallelism],
                 "auto_parallel": [ours.AutoParallel],
-                "activation_checkpoint": [tt.ActivationCheckpoint]}
+                "activation_checkpoint": [tt.ActivationCheckpoint], "metrics": [tt.Metrics]}
     out = {}
     for section, classes in declared.items():
         values = cfg.get(section, {})
@@ -122,4 +123,5 @@ def planning_job(path: str | Path) -> PlanningJob:
         manual_modules=tuple(ap.get("manual_modules", ())),
         manual_style=ap.get("manual_style", "torchtitan_ep"),
         search_degrees=bool(ap.get("search_degrees", False)),
-        cp_attention=ap.get("cp_attention", "cheapest"))
+        cp_attention=ap.get("cp_attention", "cheapest"),
+        log_freq=int(sections["metrics"].get("log_freq", 10)))

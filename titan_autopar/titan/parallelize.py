@@ -281,6 +281,7 @@ def _saved(path: Path, model, tokens, names, sizes, job_config, log):
 def _plan(model, mesh, tokens, names, job_config, tag):
     from titan_autopar import Plan, plan_model
     from titan_autopar.solve.recipes import default_input_placements
+    from titan_autopar.titan.loop_collectives import trainer_loop_collectives
 
     ap = job_config.auto_parallel
     log = _log()
@@ -316,6 +317,7 @@ def _plan(model, mesh, tokens, names, job_config, tag):
                 param_dtype=compute_dtype(model, job_config),
                 precision=job_precision(model, job_config),
                 cp_attention=ap.cp_attention,
+                loop_collectives=trainer_loop_collectives(names, sizes, job_config.metrics.log_freq),
                 progress=lambda s: log.info(f"[titan_autopar] {s}"),
             )
         plan_json = plan.to_json()
