@@ -183,6 +183,22 @@ class Problem:
         for n in again:  # what the recomputation starts from is kept instead
             keep.update(base_of(a) for a in n.all_input_nodes
                         if a.op == "call_function" and a not in bwd)
+        # param-side values: parameters and their views and mixed-precision casts; gradients and
+        # the views and casts feeding them. A block's bf16 weight is gathered as FSDP2 gathers
+        # it -- after the cast, merged per block and hidden behind compute (`apply/bucket.py`)
+        follow = VIEW_OPS | CAST_OPS
+        param_derived: set[fx.Node] = set(param_of)
+        for n in gm.graph.nodes:
+            if n.op == "call_function" and n.target in follow and n.args and n.args[0] in param_derived:
+                param_derived.add(n)
+        # a forward view or cast of a parameter that the backward reads is computed again there
+        # from the shard (`apply/partition.py`, recompute_parameters, as FSDP2 gathers again for
+        # the backward), so the collective that feeds it runs twice a step
+        regathered: set[fx.Node] = set()
+        for n in reversed(nodes):
+            if n in param_derived and n not in later and n.op == "call_function" and any(
+                    u in later or u in regathered for u in n.users):
+                regathered.add(n)
         for s in keep:
             p, i = resolve(s)
             if p not in again:
@@ -220,14 +236,6 @@ class Problem:
                         recomputed=n in again, dim_options=builder.dim_options(n),
                         region=region_name(n) if n.target in REGION_OPS else None)
 
-        # param-side values: parameters and their views and mixed-precision casts; gradients and
-        # the views and casts feeding them. A block's bf16 weight is gathered as FSDP2 gathers
-        # it -- after the cast, merged per block and hidden behind compute (`apply/bucket.py`)
-        follow = VIEW_OPS | CAST_OPS
-        param_derived: set[fx.Node] = set(param_of)
-        for n in gm.graph.nodes:
-            if n.op == "call_function" and n.target in follow and n.args and n.args[0] in param_derived:
-                param_derived.add(n)
         grad_side: set[fx.Node] = set()
         for g in jg.grad_nodes.values():
             while isinstance(g, fx.Node) and g.op == "call_function" and g.target in follow:
@@ -238,12 +246,13 @@ class Problem:
         flags: dict[tuple, tuple[bool, bool]] = {}
 
         def link(p: fx.Node, i: int, c_unit: int, k: int, param_side: bool,
-                 gradient: bool = False) -> None:
+                 gradient: bool = False, c: fx.Node | None = None) -> None:
             pu = self.index.get(reg.rep[p])
             if pu is None or pu == c_unit:
                 return
             key = (pu, i, c_unit, k)
-            counts[key] = counts.get(key, 0) + 1
+            counts[key] = counts.get(key, 0) + (2 if param_side and not gradient and c in regathered
+                                                else 1)
             flags[key] = (param_side, gradient and param_side)
 
         for n in gm.graph.nodes:
@@ -254,7 +263,7 @@ class Problem:
                 continue
             for k, (p, i) in enumerate(tensor_inputs(n)):
                 link(p, i, cu, k, p in param_derived or n in grad_side,
-                     gradient=n in grad_side and p not in param_derived)
+                     gradient=n in grad_side and p not in param_derived, c=n)
         for name, g in jg.grad_nodes.items():
             if isinstance(g, fx.Node):
                 p, i = resolve(g)
