@@ -13,6 +13,7 @@ from titan_autopar import plan_model
 from titan_autopar.cli import fake_mesh, main
 from titan_autopar.solve.search import Degrees, ModelShape, candidate_degrees
 from titan_autopar.titan.job_file import planner_mesh
+from titan_autopar.titan.loop_collectives import trainer_loop_collectives
 from titan_autopar.titan.models import build_model, global_batch
 
 
@@ -72,7 +73,8 @@ mode = "none"
 
 
 def _brute_force() -> dict[Degrees, tuple[float, float]]:
-    """(tokens/s per GPU, step seconds) of the full plan on every factorization of 4 ranks."""
+    """(tokens/s per GPU, step seconds) of the full plan on every factorization of 4 ranks, with
+    the trainer's own loop collectives priced as `plan --config` prices them."""
     from titan_autopar.cost.memory import Precision
 
     model, _ = build_model("llama3", "debugmodel", 64)
@@ -85,7 +87,8 @@ def _brute_force() -> dict[Degrees, tuple[float, float]]:
             names, sizes = planner_mesh(d.dp_replicate, d.dp_shard, d.tp)
             tokens = torch.zeros(global_batch(2, names, sizes), 64, dtype=torch.long)
             plan = plan_model(model, fake_mesh(names, sizes), (tokens,), hardware="cpu",
-                              precision=Precision(exact_floats=True), progress=lambda s: None)
+                              precision=Precision(exact_floats=True), progress=lambda s: None,
+                              loop_collectives=trainer_loop_collectives(names, sizes))
             step = plan.data["predicted"]["step_time_s"]
             out[d] = (2 * 64 / tp / step, step)
     return out
