@@ -63,6 +63,10 @@ def test_calibration_measures_this_machine(measured):
     # FSDP2's own runtime (hooks, copies in and out), on a mesh of one rank: more than nothing
     assert hw.fsdp_group_overhead == pytest.approx(step["per_group_s"], rel=0.06)
     assert hw.fsdp_group_overhead > 0
+    # DTensor's runtime under tensor parallelism on the same mesh of one: per linear, measured
+    assert step["tp_linears"] == 24 and step["tp_one_rank_step_s"] > step["compute_alone_s"]
+    assert hw.tp_linear_overhead == pytest.approx(step["per_tp_linear_s"], rel=0.06)
+    assert hw.tp_linear_overhead > 0
     # the overlap one all-reduce beside one matmul showed, at most what the step hid
     assert 0 <= step["hidden_share"] <= 1 and hw.overlap_efficiency <= step["hidden_share"] + 0.01
     # one transformer layer timed against the sum of its priced ops

@@ -105,3 +105,24 @@ def test_the_trainers_own_collectives_are_priced_per_step_on_every_arm(mesh_of, 
     a, b = (p.data["predicted"] for p in plans)
     assert b["step_time_s"] - a["step_time_s"] == pytest.approx(want, rel=1e-6)
     assert "training loop's own collectives" in plans[1].explain()
+
+
+def test_dtensors_runtime_prices_the_tp_recipe_once_per_matrix(mesh_of, debug_model):
+    """Under TorchTitan's TP plans every matrix is a tensor-parallel module run by DTensor: the
+    fsdp_tp recipe pays `tp_linear_overhead` per matrix (each repeat counted), FSDP alone does
+    not, and auto's plan (its own program of local ops) keeps its placements and its price."""
+    model = debug_model("llama3")
+    mesh = mesh_of(("dp_shard", "tp"), (2, 2))
+    tokens = (torch.zeros(2, 128, dtype=torch.long),)
+    plans = [plan_model(model, mesh, tokens, progress=lambda s: None,
+                        hardware=replace(PRESETS["cpu"], tp_linear_overhead=t))
+             for t in (0.0, 1e-3)]
+    assert plans[0].data["parameters"] == plans[1].data["parameters"]
+    assert plans[0].predicted["step_time_s"] == plans[1].predicted["step_time_s"]
+    matrices = sum(1 for p in model.parameters() if p.ndim >= 2)
+    assert matrices == 2 + 7 * len(model.layers)
+    a, b = (p.data["recipes"]["fsdp_tp"] for p in plans)
+    assert b["framework_s"] - a["framework_s"] == pytest.approx(matrices * 1e-3, rel=1e-6)
+    assert b["step_time_s"] - a["step_time_s"] == pytest.approx(matrices * 1e-3, rel=1e-6)
+    assert plans[0].data["recipes"]["fsdp"] == plans[1].data["recipes"]["fsdp"]
+    assert "DTensor's" in plans[1].explain()

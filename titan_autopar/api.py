@@ -255,6 +255,8 @@ def plan_model(
             pb.units[i].pin = user_pins.get(n)
         price = pb.evaluate(a)
         price.framework = pb.fsdp_groups() * hw.fsdp_group_overhead  # both recipes run FSDP2
+        if r == "fsdp_tp":  # and this one DTensor's runtime on each tensor-parallel matrix
+            price.framework += pb.matrices() * hw.tp_linear_overhead
         price.loop = loop_s
         priced[r] = {"price": price, "objective_ms": objective_ms(price, budget)}
         starts.append((r, a))

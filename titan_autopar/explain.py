@@ -122,7 +122,8 @@ def explain(plan, max_collectives: int = 25) -> str:
         ratio = rp["step_time_s"] / p["step_time_s"] if p["step_time_s"] else float("nan")
         out.append(
             f"Expert recipe {r}: step {rp['step_time_s'] * 1e3:.2f} ms"
-            + (f" (of which FSDP2's runtime {rp['framework_s'] * 1e3:.2f} ms)"
+            + (f" (of which the framework's runtime {rp['framework_s'] * 1e3:.2f} ms: FSDP2's"
+               + (", DTensor's" if r == "fsdp_tp" else "") + ")"
                if rp.get("framework_s") else "")
             + f", peak {rp['peak_memory_gib']:.2f} GiB (plan is {ratio:.3f}x its speed)"
         )

@@ -105,13 +105,13 @@ def draw(plan, path) -> Path:
     ax = fig.add_subplot(grid[2, 1])
     comp = [a["compute_s"] * 1e3 for a in arms.values()]
     comm = [a["exposed_comm_s"] * 1e3 for a in arms.values()]
-    # a recipe's FSDP2 runtime (plans written before it was priced have none)
+    # a recipe's FSDP2 (and under TP DTensor) runtime (plans written before it was priced have none)
     fw = [a.get("framework_s", 0.0) * 1e3 for a in arms.values()]
     ax.barh(list(arms), comp, label="compute", color="#4c78a8")
     ax.barh(list(arms), comm, left=comp, label="exposed communication", color="#e15759")
     if any(fw):
         ax.barh(list(arms), fw, left=[c + e for c, e in zip(comp, comm)],
-                label="FSDP2 runtime", color="#f2b447")
+                label="FSDP2 / DTensor runtime", color="#f2b447")
     loop = [a.get("loop_s", 0.0) * 1e3 for a in arms.values()]  # the same for every arm
     if any(loop):
         ax.barh(list(arms), loop, left=[c + e + f for c, e, f in zip(comp, comm, fw)],

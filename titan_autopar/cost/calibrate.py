@@ -21,7 +21,9 @@ trials. What it measures and what each becomes in `Hardware`:
                (kind, group size) -> collective_fits, and intra/inter_node_* from all_gather
   in a step    a small block stack alone, under FSDP2 on one rank, under FSDP2 on all ranks
                (`cost/calibrate_step.py`) -> collective_step_overhead (seconds per collective
-               call beyond its curve), fsdp_group_overhead (FSDP2's runtime per group)
+               call beyond its curve), fsdp_group_overhead (FSDP2's runtime per group), and
+               under tensor parallelism on one rank -> tp_linear_overhead (DTensor's runtime
+               per tensor-parallel linear)
   overlap      an all_reduce issued before a matmul and waited for after it, against the two
                apart -> overlap_efficiency (the share of the shorter one hidden, at most the
                share a small FSDP2 step hid; one rank has no collective to hide, and keeps the
@@ -292,7 +294,7 @@ def calibrate(mesh_shape: tuple[int, ...], device: str, say=None) -> tuple[Hardw
     say("a small training step: alone, under FSDP2 on one rank, on all ranks")
     from titan_autopar.cost.calibrate_step import measure_step
 
-    in_step, fsdp_group, meas["collectives_in_step"] = measure_step(
+    in_step, fsdp_group, tp_linear, meas["collectives_in_step"] = measure_step(
         device, {(kind, k): (lat, spb) for kind, k, lat, spb in fits})
     if "hidden_share" in meas["collectives_in_step"]:  # what a step hid caps what one pair did
         ov = min(ov, meas["collectives_in_step"]["hidden_share"])
@@ -313,7 +315,7 @@ def calibrate(mesh_shape: tuple[int, ...], device: str, say=None) -> tuple[Hardw
         attention_flops=round2(attn), attention_floor=round2(attn_floor),
         loss_time_per_element=round2(loss), optimizer_time_per_element=round2(opt),
         optimizer_time_per_tensor=round2(opt_tensor), collective_step_overhead=round2(in_step),
-        fsdp_group_overhead=round2(fsdp_group),
+        fsdp_group_overhead=round2(fsdp_group), tp_linear_overhead=round2(tp_linear),
         collective_fits=tuple(sorted(fits)))
     say("a whole transformer layer, timed against its priced ops")
     from titan_autopar.cost.layer_check import LAYER, whole_layer

@@ -13,12 +13,15 @@ own ranks, in a small training step rather than in a model of it:
      a fixed batch, each rank on its own full copy: compute alone, no collective;
   2. the same stack under FSDP2 on a mesh of one rank (each rank its own): the compute of 1 plus
      FSDP2's own runtime (its hooks, its copies into and out of the gathered buffers), no transfer;
+     and under tensor parallelism on that mesh (each linear column- or row-parallel, as
+     TorchTitan's TP plans make them): the compute of 1 plus DTensor's runtime, no transfer;
   3. the same stack under FSDP2 over all ranks: 2 plus the gathers and reduce-scatters FSDP2
      issues, which are counted and sized as they are called;
   4. the clean price of those collectives, from the curves just fitted (`collective_fits`).
 
     overhead per call  = max(0, (step 3 - step 2 - clean price 4) / collectives called)
     FSDP2 per group    = max(0, (step 2 - step 1) / blocks)
+    TP per linear      = max(0, (step 2 under TP - step 1) / linears)
     hidden share       = max(0, 1 - (step 3 - step 2) / clean price 4)
 
 The hidden share caps the overlap `cost/calibrate.py` measures on one all-reduce beside one
@@ -32,8 +35,9 @@ On GPUs the collectives run on their own streams and the figure should come out 
 measured on more than one GPU).
 
 The FSDP2 figure becomes `Hardware.fsdp_group_overhead`, which prices TorchTitan's recipes (each
-block and the root a group: `api.py`); auto's plans run their own program (`apply/`), whose
-runtime this does not measure.
+block and the root a group: `api.py`); the TP figure becomes `Hardware.tp_linear_overhead`, which
+prices the fsdp_tp recipe (each matrix of the model a tensor-parallel module). Auto's plans run
+their own program of local ops (`apply/`), with neither runtime.
 """
 
 from __future__ import annotations
@@ -67,6 +71,19 @@ def _stack(sz: dict, device: str) -> torch.nn.Module:
     return torch.nn.Sequential(*blocks).to(device=device, dtype=sz["dtype"])
 
 
+LINEARS = 4  # in each _Block
+
+
+def _under_tp(model: torch.nn.Module, mesh) -> torch.nn.Module:
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    for block in model:
+        parallelize_module(block, mesh, {"q": ColwiseParallel(), "up": ColwiseParallel(),
+                                         "o": RowwiseParallel(), "down": RowwiseParallel()})
+    return model
+
+
 class _Counted:
     """While active, records (kind, bytes as the collective sees them) of each gather and
     reduce-scatter called through torch.distributed (what FSDP2 calls)."""
@@ -94,10 +111,10 @@ class _Counted:
             setattr(dist, name, fn)
 
 
-def measure_step(device: str, fits: dict) -> tuple[float, float, dict]:
-    """(seconds per collective call beyond its curve, seconds per FSDP2 group per step, the
-    measurements); every rank calls it at once. `fits` maps (kind, group size) to the clean
-    (latency s, seconds per byte) just measured."""
+def measure_step(device: str, fits: dict) -> tuple[float, float, float, dict]:
+    """(seconds per collective call beyond its curve, seconds per FSDP2 group per step, seconds
+    per tensor-parallel linear per step, the measurements); every rank calls it at once. `fits`
+    maps (kind, group size) to the clean (latency s, seconds per byte) just measured."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -122,10 +139,16 @@ def measure_step(device: str, fits: dict) -> tuple[float, float, dict]:
     solo = under_fsdp(own)
     one_rank = timed(lambda: step(solo), device)
     per_group = max(0.0, (one_rank - alone) / sz["blocks"])
+    # DTensor's runtime under tensor parallelism, on the same mesh of one: every linear a
+    # column- or row-parallel module, as TorchTitan's TP plans make them
+    tp = _under_tp(_stack(sz, device), own)
+    tp_one_rank = timed(lambda: step(tp), device)
+    per_linear = max(0.0, (tp_one_rank - alone) / (LINEARS * sz["blocks"]))
     meas = {"compute_alone_s": alone, "fsdp_one_rank_step_s": one_rank, "groups": sz["blocks"],
-            "per_group_s": per_group}
+            "per_group_s": per_group, "tp_one_rank_step_s": tp_one_rank,
+            "tp_linears": LINEARS * sz["blocks"], "per_tp_linear_s": per_linear}
     if world < 2:
-        return 0.0, per_group, meas
+        return 0.0, per_group, per_linear, meas
     sharded = under_fsdp(init_device_mesh(device, (world,)))
     with _Counted() as counted:
         step(sharded)
@@ -140,4 +163,4 @@ def measure_step(device: str, fits: dict) -> tuple[float, float, dict]:
     meas.update({"fsdp_step_s": in_step, "collectives": len(calls),
                  "collective_bytes": sum(b for _, b in calls), "clean_collectives_s": clean,
                  "per_call_s": per_call, "hidden_share": hidden})
-    return per_call, per_group, meas
+    return per_call, per_group, per_linear, meas

@@ -58,6 +58,10 @@ class Hardware:
     # into and out of the gathered buffers), beyond compute and collectives: measured; prices the
     # recipes only (auto's plans run their own program); 0 (the GPU presets): not priced
     fsdp_group_overhead: float = 0.0
+    # seconds per tensor-parallel linear per step of DTensor's runtime under TorchTitan's TP plans
+    # (forward and backward), beyond compute and collectives: measured; prices the fsdp_tp recipe
+    # only, once per matrix of the model; 0 (the GPU presets): not priced
+    tp_linear_overhead: float = 0.0
     # measured collective curves: (kind, group size, latency s, seconds per byte of the tensor
     # as the collective sees it); a (kind, size) pair listed here replaces the formula
     collective_fits: tuple = ()
@@ -148,6 +152,7 @@ PRESETS: dict[str, Hardware] = {
         optimizer_time_per_tensor=2.5e-4,
         collective_step_overhead=5e-3,
         fsdp_group_overhead=7.5e-3,
+        tp_linear_overhead=2e-3,
     ),
 }
 

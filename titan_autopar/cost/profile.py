@@ -202,8 +202,9 @@ def cache_dir() -> Path:
 
 
 # what `cost/calibrate.py` measures, counted: a cached profile from a calibration that measured
-# less (2: the optimizer per tensor and collectives inside a step) is measured again
-MEASURES = 2
+# less (2: the optimizer per tensor and collectives inside a step; 3: DTensor's runtime under
+# tensor parallelism) is measured again
+MEASURES = 3
 
 
 def cached_profile_path(fingerprint: str) -> Path:

@@ -474,6 +474,12 @@ class Problem:
         weight = {u.block: (u.weight if u.block else 1) for u in self.units if u.kind == "param"}
         return sum(weight.values())
 
+    def matrices(self) -> int:
+        """The model's parameters of two or more dims, each repeat counted: what TorchTitan's TP
+        plans make tensor-parallel modules (DTensor parameters) when tp > 1."""
+        return sum(u.weight for u in self.units
+                   if u.kind == "param" and u.outs[0].dim() >= 2)
+
     def edge_group(self, e: Edge) -> str:
         """Overlap group of a parameter-side edge: the block its compute runs in."""
         src, dst = self.units[e.src], self.units[e.dst]
