@@ -30,8 +30,9 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from titan_autopar.apply.init import wrap_init_weights
 from titan_autopar.apply.interpret import LocalJoint, local_shape
-from titan_autopar.apply.regions_run import bind_runners, build_runners
 from titan_autopar.apply.partition import Split
+from titan_autopar.apply.regions_run import bind_runners, build_runners
+from titan_autopar.cost.regions import kept_regions
 
 class _Step(torch.autograd.Function):
     @staticmethod
@@ -76,9 +77,12 @@ class ParallelProgram:
                 size, offset = compute_local_shape_and_global_offset(shape, mesh,
                                                                      self.input_placements[0])
                 self.positions = (offset[1], size[1])
-        # manual regions run their own code in this program's graphs
-        self.runners = build_runners(model, jg.manual_regions, mesh)
-        bind_runners([split.forward, split.backward, split.inference], self.runners)
+        # manual regions run their own code in this program's graphs; TorchTitan's MoE blocks
+        # keep their autograd graph from forward to backward unless activations are recomputed
+        keep = kept_regions(jg.manual_regions, plan.data.get("activation_checkpointing", "none"))
+        self.runners = build_runners(model, jg.manual_regions, mesh, keep)
+        bind_runners([split.forward, split.backward, split.inference], self.runners,
+                     training=split.forward)
         # what runs: the graphs themselves, or their compiled forms (`compile`)
         self.run_forward, self.run_backward = split.forward, split.backward
         self.run_inference = split.inference
@@ -167,6 +171,14 @@ class ParallelProgram:
         if self.local.buckets:
             lines.append("merged per block: {gathers_merged} parameter all-gathers, "
                          "{reductions_merged} gradient reduce-scatters".format(**self.local.buckets))
+        kept = sorted(n for n, r in self.runners.items() if r.keep)
+        again = sorted(n for n, r in self.runners.items() if not r.keep)
+        if kept:
+            lines.append(f"manual regions keeping their activations for backward: {len(kept)} ("
+                         + ", ".join(kept[:3]) + (", ..." if len(kept) > 3 else "") + ")")
+        if again:
+            lines.append(f"manual regions run again in backward: {len(again)} ("
+                         + ", ".join(again[:3]) + (", ..." if len(again) > 3 else "") + ")")
         if self.local.local_ops:
             lines.append("run on local shards by our rules: " + ", ".join(self.local.local_ops))
         if self.local.mismatches:

@@ -6,10 +6,15 @@ The planner sees each region as a `manual_forward` and a `manual_backward` op
   local tensors the program gathered as the region declared (`functional_call`). Each output is
   checked against the local shape its declared out_placements imply, so a declaration that
   disagrees with the code is named at the first step, not found as wrong numbers later;
-- backward: the forward again, with autograd on, then `torch.autograd.grad` (the region's
-  activations are not kept between the two, as with activation checkpointing; its collectives,
-  being autograd-aware, run their reverse). Buffers the region updates as it runs (a MoE
-  block's token counts) see that once per step: the recomputation runs on copies of them.
+- backward: `torch.autograd.grad` through the region's own autograd graph (its collectives,
+  being autograd-aware, run their reverse). A TorchTitan MoE block (a built-in style) in a
+  program without activation checkpointing keeps that graph from its forward in the training
+  step (`cost/regions.py` `kept_regions`), as the module would under TorchTitan's recipes: its forward runs once
+  per step. Any other region, and every region under activation checkpointing, keeps nothing:
+  its backward runs the forward again with autograd on (as activation checkpointing does); a
+  buffer the region updates as it runs (a MoE block's token counts) sees that once per step,
+  the recomputation running on copies of them. A backward whose inputs are not those of a kept
+  forward (another caller's) recomputes too, so pairing never depends on call order.
 
 Style "torchtitan_ep": the block's routed experts get TorchTitan's own `ExpertParallel` token
 dispatch and combine (all-to-alls on the `ep` mesh dim) as hooks on `experts`, and their weights
@@ -29,10 +34,15 @@ from titan_autopar.graph.manual_ops import BACKWARD, FORWARD, split_sizes
 
 
 class RegionRunner:
-    def __init__(self, module: torch.nn.Module, resolved: Resolved, mesh):
+    def __init__(self, module: torch.nn.Module, resolved: Resolved, mesh, keep: bool = False):
         self.module, self.r = module, resolved
         self.names = [n for n, _ in module.named_parameters()]
-        self.calls = 0
+        self.calls = 0  # forwards run, recomputations included
+        self.keep = keep
+        # kept forwards awaiting their backward: the region's inputs' storages -> (leaf inputs,
+        # leaf parameters, outputs with their autograd graph)
+        self.kept: dict[tuple, tuple] = {}
+        self.misses = 0  # backwards that found kept forwards but not their own (0 by design)
         self.wrap = {}
         if resolved.style == "torchtitan_ep":
             self._expert_parallel(mesh[mesh.mesh_dim_names[resolved.ep_dim]])
@@ -71,21 +81,44 @@ class RegionRunner:
         return "(" + ", ".join("planner's choice" if p is None else type(p).__name__ +
                                (f"({p.dim})" if isinstance(p, Shard) else "()") for p in t) + ")"
 
-    def forward(self, inputs, params, out_sizes, out_ranks) -> list[torch.Tensor]:
-        with torch.no_grad():
-            outs = self._call(inputs, params)
+    @staticmethod
+    def _key(inputs) -> tuple:
+        return tuple((x.data_ptr(), tuple(x.shape)) for x in inputs)
+
+    @staticmethod
+    def _leaves(inputs, params) -> tuple[list, list]:
+        return ([x.detach().requires_grad_(x.is_floating_point()) for x in inputs],
+                [p.detach().requires_grad_(True) for p in params])
+
+    def forward(self, inputs, params, out_sizes, out_ranks, training: bool = False) -> list[torch.Tensor]:
+        if self.keep and training:  # the training step's forward: keep the graph for backward
+            xs, ps = self._leaves(inputs, params)
+            with torch.enable_grad():
+                outs = self._call(xs, ps)
+            self.kept[self._key(inputs)] = (xs, ps, outs)
+        else:
+            xs = inputs
+            with torch.no_grad():
+                outs = self._call(inputs, params)
         self._check(outs, out_sizes, out_ranks)
         self.calls += 1
         # a fresh tensor: an output that aliases an input must not change when the program
         # reuses the input's storage
-        return [o.detach().clone() if any(o is x for x in inputs) else o.detach() for o in outs]
+        return [o.detach().clone() if any(o is x for x in xs) else o.detach() for o in outs]
 
     def backward(self, grad_outs, inputs, params) -> list[torch.Tensor]:
-        buffers = {n: b.clone() for n, b in self.module.named_buffers()}
-        xs = [x.detach().requires_grad_(x.is_floating_point()) for x in inputs]
-        ps = [p.detach().requires_grad_(True) for p in params]
-        with torch.enable_grad():
-            outs = self._call(xs, ps, buffers)
+        kept = self.kept.pop(self._key(inputs), None)
+        if kept is not None:
+            xs, ps, outs = kept
+        else:  # nothing kept: run the forward again, on copies of the buffers it updates
+            if self.kept:  # kept forwards this backward does not match will not be matched
+                self.kept.clear()
+                self.misses += 1
+            buffers = {n: b.clone() for n, b in self.module.named_buffers()}
+            xs, ps = self._leaves(inputs, params)
+            with torch.enable_grad():
+                outs = self._call(xs, ps, buffers)
+            self.calls += 1
         wanted = [t for t in (*xs, *ps) if t.requires_grad]
         pairs = [(o, g) for o, g in zip(outs, grad_outs) if o.requires_grad]
         grads = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
@@ -98,24 +131,33 @@ class RegionRunner:
         return out
 
 
-def build_runners(model: torch.nn.Module, resolved: dict[str, Resolved], mesh) -> dict:
-    return {name: RegionRunner(model.get_submodule(name), r, mesh) for name, r in resolved.items()}
+def build_runners(model: torch.nn.Module, resolved: dict[str, Resolved], mesh,
+                  keep: set[str] = frozenset()) -> dict:
+    return {name: RegionRunner(model.get_submodule(name), r, mesh, keep=name in keep)
+            for name, r in resolved.items()}
 
 
-def bind_runners(graphs: list[fx.GraphModule], runners: dict[str, RegionRunner]) -> None:
-    """Point each graph's manual_forward / manual_backward nodes at this program's runners."""
+def bind_runners(graphs: list[fx.GraphModule], runners: dict[str, RegionRunner],
+                 training: fx.GraphModule | None = None) -> None:
+    """Point each graph's manual_forward / manual_backward nodes at this program's runners;
+    the region forwards of `training` (the training step's forward graph) may keep their
+    autograd graph for the backward graph."""
 
     def manual_region_forward(inputs, params, name, out_sizes, out_ranks):
         return runners[name].forward(inputs, params, out_sizes, out_ranks)
+
+    def manual_region_forward_training(inputs, params, name, out_sizes, out_ranks):
+        return runners[name].forward(inputs, params, out_sizes, out_ranks, training=True)
 
     def manual_region_backward(grad_outs, inputs, params, name):
         return runners[name].backward(grad_outs, inputs, params)
 
     for gm in graphs:
         changed = False
+        fwd = manual_region_forward_training if gm is training else manual_region_forward
         for n in gm.graph.nodes:
             if n.op == "call_function" and n.target is FORWARD:
-                n.target, changed = manual_region_forward, True
+                n.target, changed = fwd, True
             elif n.op == "call_function" and n.target is BACKWARD:
                 n.target, changed = manual_region_backward, True
         if changed:

@@ -29,7 +29,7 @@ from titan_autopar.cost.comm import Topology, redistribute_time
 from titan_autopar.cost.compute import VIEW_OPS, compute_time
 from titan_autopar.cost.hardware import Hardware
 from titan_autopar.cost.memory import Precision, backward_nodes, base_of, saved_activations
-from titan_autopar.cost.regions import region_seconds, region_work
+from titan_autopar.cost.regions import kept_regions, region_seconds, region_work
 from titan_autopar.cost.ring import (ring_dims, ring_imbalance, ring_relayout_seconds,
                                      ring_transfer_seconds)
 from titan_autopar.graph.recompute import blocks_by_position, recomputable
@@ -161,6 +161,8 @@ class Problem:
         self._bucket_sizes: dict[str, int] | None = None
         self._region_comm: dict[tuple, float] = {}
         self.recompute = recompute
+        # MoE regions whose autograd graph the program keeps (priced without recomputation)
+        self.kept_regions = kept_regions(self.jg.manual_regions, recompute)
         self._build(builder)
 
     # ------------------------------------------------------------------ building
@@ -369,11 +371,12 @@ class Problem:
             elif unit.kind == "buffer":
                 mem["parameters"] = w * out_local[0] * unit.outs[0].element_size()
             elif unit.kind == "op" and unit.region is not None:
-                compute, comm = self._region_seconds(unit, opts)
+                compute, comm, held = self._region_seconds(unit, opts)
                 compute, self._region_comm[key] = w * (compute + comm), w * comm
                 if unit.recomputed:
                     compute *= 2
                     self._region_comm[key] *= 2
+                mem["activations"] += w * held  # what a kept region holds inside it
                 for j in unit.saved:
                     mem["activations"] += w * out_local[j] * itemsize(unit.outs[j], prec)
             elif unit.kind == "op":
@@ -401,16 +404,18 @@ class Problem:
         self._unit_cache[key] = res
         return res
 
-    def _region_seconds(self, unit: Unit, opts) -> tuple[float, float]:
-        """(compute, own collectives) seconds of one call of a region's op on one rank."""
+    def _region_seconds(self, unit: Unit, opts) -> tuple[float, float, float]:
+        """(compute, own collectives) seconds of one call of a region's op on one rank, and the
+        bytes a kept region's forward holds inside it until its backward (`cost/regions.py`)."""
         r = self.jg.manual_regions[unit.region]
         backward = unit.node.target is REGION_BACKWARD
         k = len(r.outs) if backward else 0  # the region's first input among the op's inputs
         x = unit.ins[k]
         n = local_numel(x, tuple(o.ins[k] for o in opts), self.sizes) or 0
         tokens = n / (x.shape[-1] * (2 if x.dtype.is_complex else 1)) if x.ndim else n
-        return region_seconds(region_work(r), backward, tokens, self.hw, self.topo,
-                              itemsize(x, self.prec))
+        work, kept, size = region_work(r), unit.region in self.kept_regions, itemsize(x, self.prec)
+        held = tokens * work.kept_elements_per_token * size if kept and not backward else 0.0
+        return (*region_seconds(work, backward, tokens, self.hw, self.topo, size, kept), held)
 
     def _ring(self, unit: Unit, opts, dim: int, compute: float, size: int,
               op_bytes: float) -> tuple[float, float]:
