@@ -171,14 +171,12 @@ class ParallelProgram:
         if self.local.buckets:
             lines.append("merged per block: {gathers_merged} parameter all-gathers, "
                          "{reductions_merged} gradient reduce-scatters".format(**self.local.buckets))
-        kept = sorted(n for n, r in self.runners.items() if r.keep)
-        again = sorted(n for n, r in self.runners.items() if not r.keep)
-        if kept:
-            lines.append(f"manual regions keeping their activations for backward: {len(kept)} ("
-                         + ", ".join(kept[:3]) + (", ..." if len(kept) > 3 else "") + ")")
-        if again:
-            lines.append(f"manual regions run again in backward: {len(again)} ("
-                         + ", ".join(again[:3]) + (", ..." if len(again) > 3 else "") + ")")
+        for keep, what in ((True, "keeping their activations for backward"),
+                           (False, "run again in backward")):
+            names = sorted(n for n, r in self.runners.items() if r.keep == keep)
+            if names:
+                lines.append(f"manual regions {what}: {len(names)} (" + ", ".join(names[:3])
+                             + (", ..." if len(names) > 3 else "") + ")")
         if self.local.local_ops:
             lines.append("run on local shards by our rules: " + ", ".join(self.local.local_ops))
         if self.local.mismatches:

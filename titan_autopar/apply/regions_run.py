@@ -9,8 +9,8 @@ The planner sees each region as a `manual_forward` and a `manual_backward` op
 - backward: `torch.autograd.grad` through the region's own autograd graph (its collectives,
   being autograd-aware, run their reverse). A TorchTitan MoE block (a built-in style) in a
   program without activation checkpointing keeps that graph from its forward in the training
-  step (`cost/regions.py` `kept_regions`), as the module would under TorchTitan's recipes: its forward runs once
-  per step. Any other region, and every region under activation checkpointing, keeps nothing:
+  step (`cost/regions.py` `kept_regions`), as the module would under TorchTitan's recipes: its
+  forward runs once per step. Any other region, and every region under activation checkpointing, keeps nothing:
   its backward runs the forward again with autograd on (as activation checkpointing does); a
   buffer the region updates as it runs (a MoE block's token counts) sees that once per step,
   the recomputation running on copies of them. A backward whose inputs are not those of a kept
@@ -90,7 +90,8 @@ class RegionRunner:
         return ([x.detach().requires_grad_(x.is_floating_point()) for x in inputs],
                 [p.detach().requires_grad_(True) for p in params])
 
-    def forward(self, inputs, params, out_sizes, out_ranks, training: bool = False) -> list[torch.Tensor]:
+    def forward(self, inputs, params, out_sizes, out_ranks,
+                training: bool = False) -> list[torch.Tensor]:
         if self.keep and training:  # the training step's forward: keep the graph for backward
             xs, ps = self._leaves(inputs, params)
             with torch.enable_grad():
