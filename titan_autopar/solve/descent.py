@@ -72,6 +72,20 @@ def initial_assignment(pb: Problem) -> list[tuple[int, ...]]:
     return assign
 
 
+def within_pins(pb: Problem, assign: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """`assign` with every unit that breaks its pins (a start made under other pins: a recipe's
+    assignment when the user pins parameters elsewhere) put back at `initial_assignment`'s
+    choice for it. The programs only ever choose allowed options, so without this a start's
+    broken pin would survive wherever no program found an improvement."""
+    fixed = None
+    out = list(assign)
+    for u, choice in enumerate(assign):
+        if any(choice[m] not in (pb.allowed(u, m) or [choice[m]]) for m in range(len(choice))):
+            fixed = fixed or initial_assignment(pb)
+            out[u] = fixed[u]
+    return out
+
+
 def descend(
     pb: Problem,
     assign: list[tuple[int, ...]],
@@ -85,6 +99,7 @@ def descend(
 ) -> tuple[list[tuple[int, ...]], DescentStats]:
     stats = stats or DescentStats()
     limits = limits or SolveLimits()
+    assign = within_pins(pb, assign)
     best = objective_ms(pb.evaluate(assign), budget_bytes)
     ndim = len(pb.sizes)
     version = 0  # bumped on every accepted improvement
