@@ -170,6 +170,32 @@ def _patch_cp_cpu_attention() -> None:
     cp.custom_ops[bwd] = backward
 
 
+def _patch_profiler_activities() -> None:
+    """TorchTitan's `[profiling] enable_profiling` asks torch's profiler for CPU and the GPU's
+    activity, which is None without a GPU; drop the None so that CPU ranks write their traces."""
+    import torchtitan.tools.profiling as titan_profiling
+
+    profile = torch.profiler.profile
+    if getattr(titan_profiling.torch.profiler, _MARK, False):
+        return
+
+    class _CpuProfile(profile):
+        def __init__(self, *args, activities=None, **kwargs):
+            if activities is not None:
+                activities = [a for a in activities if a is not None]
+            super().__init__(*args, activities=activities, **kwargs)
+
+    class _TorchSeenByProfiling:  # torch, with the profiler above: only that module sees it
+        profiler = SimpleNamespace(profile=_CpuProfile, schedule=torch.profiler.schedule,
+                                   ProfilerActivity=torch.profiler.ProfilerActivity,
+                                   **{_MARK: True})
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+    titan_profiling.torch = _TorchSeenByProfiling()
+
+
 # name -> patch, with what a 4-rank run does without it. The device type goes first: torchtitan
 # fixes its device type when first imported (moe_permutation imports it).
 PATCHES = {
@@ -184,6 +210,9 @@ PATCHES = {
     # NotImplementedError: Operator aten._scaled_dot_product_flash_attention_for_cpu.default
     # does not have a sharding strategy registered (the recipe with context_parallel_degree > 1)
     "cp_cpu_attention": _patch_cp_cpu_attention,
+    # TypeError: Expected ProfilerActivity or dict, got <class 'NoneType'> ([profiling]
+    # enable_profiling = true)
+    "profiler_activities": _patch_profiler_activities,
 }
 
 
