@@ -19,6 +19,7 @@ from torch.distributed.tensor.placement_types import Placement
 
 from titan_autopar import checks
 from titan_autopar.apply.bucket import bucket_collectives
+from titan_autopar.apply.dedupe import dedupe_state_values
 from titan_autopar.apply.interpret import trace_local_joint
 from titan_autopar.apply.module import parallelize_module
 from titan_autopar.apply.partition import split_joint
@@ -76,6 +77,34 @@ def _parameter_pins(given, shapes, names, sizes) -> dict[str, tuple[Placement, .
             raise ValueError(f"parameter_placements[{n!r}] has {len(pl)} placements; the mesh has "
                              f"{len(names)} dims: give one per dim")
     return {n: tuple(pl) for n, pl in given.items()}
+
+
+def _keep_gathered_if_faster(pb, assign, price, budget, effort, solver, limits, say, stats):
+    """The plan keeps gathered parameters from the forward to the backward (no second gather)
+    where that fits the budget and is priced faster than FSDP's reshard after forward: the
+    chosen assignment priced so, and (full effort) a descent from it under that pricing, whose
+    programs then see the forward's gathered copies as free for the backward. Leaves `pb`
+    pricing the choice made."""
+    fits = lambda p: p.peak_memory <= budget * (1 + 1e-9)  # noqa: E731
+    pb.keep_gathered(True)
+    best = (round(price.step_time, 12), 0, assign, price, False)
+    kept = pb.evaluate(assign)
+    if fits(kept):
+        tries = [(assign, kept)]
+        if effort == "full":
+            say("[solve] planning again with gathered parameters kept for the backward")
+            a, _ = descend(pb, assign, budget_bytes=budget, solver=solver, limits=limits,
+                           log=say, stats=stats)
+            tries.append((a, pb.evaluate(a)))
+        for i, (a, p) in enumerate(tries, 1):
+            if fits(p) and (round(p.step_time, 12), i) < best[:2]:
+                best = (round(p.step_time, 12), i, a, p, True)
+    pb.keep_gathered(best[4])
+    if best[4]:
+        say(f"[solve] keeping gathered parameters for the backward: "
+            f"{pb.held_gathered(best[2]) / GiB:.3f} GiB held, predicted step "
+            f"{best[3].step_time * 1e3:.2f} ms against {price.step_time * 1e3:.2f} ms")
+    return best[2], best[3]
 
 
 def plan_model(
@@ -289,6 +318,8 @@ def plan_model(
                        "solver_seconds": stats.solve_seconds, "programs": stats.solves,
                        "max_variables": stats.variables, "max_constraints": stats.constraints}
     price = pb.evaluate(assign)
+    assign, price = _keep_gathered_if_faster(pb, assign, price, budget, effort, solver, limits,
+                                             say, stats)
     price.loop = loop_s
     phases["solve"]["objective_ms"] = objective_ms(price, budget)  # what the programs minimise
     say(f"[solve] {stats.solves} programs in {phases['solve']['seconds']:.2f}s; predicted step "
@@ -306,6 +337,7 @@ def plan_model(
     )
     if solver == "joint":
         plan.data["solver"]["method"] = "one integer program over products of per-dim choices"
+    plan.data["reshard_after_forward"] = pb.reshard
     plan.data["activation_checkpointing"] = activation_checkpointing
     plan.data["cp_attention"] = cp_attention
     plan.data["param_dtype"] = str(param_dtype).removeprefix("torch.") if param_dtype else None
@@ -322,7 +354,7 @@ def _planned_inputs(plan: Plan) -> tuple[torch.Tensor, ...]:
 
 
 def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
-               recompute_parameters: bool = True, bucket: bool = True,
+               recompute_parameters: bool | None = None, bucket: bool = True,
                progress=None) -> torch.nn.Module:
     """Make `model` (on meta or one device) run `plan` on `mesh`; returns `model`, changed in
     place: DTensor parameters, and a forward that runs this rank's planned program.
@@ -330,7 +362,8 @@ def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
     Inputs are fed as the local shards their planned placements imply, and the output comes
     back as the local shard of its placement (`model.autopar.input_placements`,
     `model.autopar.output_placement`). `recompute_parameters` gathers parameters again for
-    the backward instead of keeping the gathered copies (FSDP's reshard-after-forward);
+    the backward instead of keeping the gathered copies (FSDP's reshard-after-forward; default:
+    what the plan chose, its `reshard_after_forward`);
     `bucket` merges each block's parameter all-gathers and gradient reduce-scatters into one.
     The plan's activation checkpointing mode decides which activations the backward recomputes,
     and its `param_dtype` the dtype the program computes in.
@@ -362,8 +395,11 @@ def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
     local = trace_local_joint(jg, plan, mesh)
     timings["program_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    split = split_joint(local.gm, len(jg.param_names) + len(jg.buffer_names),
-                        recompute_parameters=recompute_parameters,
+    n_state = len(jg.param_names) + len(jg.buffer_names)
+    local.deduped = dedupe_state_values(local.gm, n_state)
+    if recompute_parameters is None:
+        recompute_parameters = plan.data.get("reshard_after_forward", True)
+    split = split_joint(local.gm, n_state, recompute_parameters=recompute_parameters,
                         checkpointing=plan.data.get("activation_checkpointing", "none"))
     if bucket:
         phs = [n.name for n in local.gm.graph.nodes if n.op == "placeholder"]
@@ -379,7 +415,7 @@ def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
 
 
 def auto_parallelize(model: torch.nn.Module, mesh: DeviceMesh, sample_inputs, *,
-                     recompute_parameters: bool = True, bucket: bool = True,
+                     recompute_parameters: bool | None = None, bucket: bool = True,
                      **plan_keywords) -> torch.nn.Module:
     """`plan_model` then `apply_plan`; the plan is kept as `model.autopar.plan`."""
     plan = plan_model(model, mesh, sample_inputs, **plan_keywords)

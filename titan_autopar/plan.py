@@ -22,6 +22,10 @@ from titan_autopar.cost.hardware import GiB, Hardware
 from titan_autopar.plan_check import SCHEMA_VERSION, PlanError, check_plan_data, read_plan_file
 from titan_autopar.solve.problem import itemsize, local_numel, real_numel
 
+# bumped whenever the planner would choose or price the same job differently: a run that finds
+# a plan saved by an earlier revision plans again (a plan_file the user names still replays)
+PLANNER_REVISION = 2
+
 __all__ = ["Plan", "PlanError", "StalePlanError", "SCHEMA_VERSION", "build_plan", "fingerprint",
            "is_plan_file", "parse_placement", "placement_str"]
 
@@ -249,7 +253,7 @@ def build_plan(pb, assign, price, *, fingerprint, mesh_names, hardware, budget, 
                 "collective": s.collective,
                 "mesh_dim": names[s.mesh_dim],
                 "bytes": int(s.bytes),
-                "count": e.weight,
+                "count": pb.runs(e),
                 "seconds_each": round(s.seconds, 9),
                 "from": pl(src),
                 "to": pl(dst),
@@ -271,6 +275,7 @@ def build_plan(pb, assign, price, *, fingerprint, mesh_names, hardware, budget, 
 
     data = {
         "schema_version": SCHEMA_VERSION,
+        "planner_revision": PLANNER_REVISION,
         "fingerprint": fingerprint,
         "mesh": {"names": list(names), "shape": list(pb.sizes),
                  "crosses_nodes": [not a for a in pb.topo.intra]},

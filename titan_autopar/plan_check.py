@@ -277,6 +277,9 @@ def check_plan_data(d: dict, source) -> None:
     ca = d.get("cp_attention", "cheapest")
     if ca not in ("cheapest", "ring"):
         _fail(src, "cp_attention", f"found {_kind(ca)}; expected cheapest or ring")
+    rf = d.get("reshard_after_forward", True)
+    if not isinstance(rf, bool):
+        _fail(src, "reshard_after_forward", f"found {_kind(rf)}; expected true or false")
     dt = d.get("param_dtype")
     if dt is not None and dt not in DTYPES:
         _fail(src, "param_dtype", f"found {_kind(dt)}; expected null or one of {', '.join(DTYPES)}")

@@ -5,9 +5,10 @@ own, one collective per tensor. A collective costs a fixed latency on top of its
 like FSDP's per-block groups, `bucket_collectives` merges them:
 
 - all-gathers of parameter shards (inputs computed from parameters alone) that belong to the
-  same block and mesh group become one: the flattened shards are concatenated, gathered once,
-  and each gathered tensor is copied out of the (ranks, elements) result -- the same layout
-  `all_gather_into_tensor` gives per tensor. The merged gather sits where the block's first
+  same block (`bucket_groups`: the parameters outside the blocks form two groups, those before
+  the blocks and those after them) and mesh group become one: the flattened shards are
+  concatenated, gathered once, and each gathered tensor is copied out of the (ranks,
+  elements) result -- the same layout `all_gather_into_tensor` gives per tensor. The merged gather sits where the block's first
   gather was; the parameter views it needs move up with it (they read parameters only).
 - reduce-scatters of one block's gradients become one, placed where the block's last one was;
   each rank's slice of every gradient is cut from the merged result, and the views between a
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import torch
 import torch.fx as fx
+
+from titan_autopar.graph.blocks import bucket_groups
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
@@ -177,12 +180,14 @@ def bucket_collectives(forward: fx.GraphModule, backward: fx.GraphModule,
     to parameter names (the backward sees them as "saved_<name>"); the backward's outputs are
     the gradients of `param_names` in order; `blocks` are the repeated blocks' module names."""
 
+    group = bucket_groups(param_names, blocks)
+
     def block_of(ph_name: str):
         p = param_placeholders.get(ph_name.removeprefix("saved_"))
-        return block_prefix(p, blocks) if p is not None else None
+        return group.get(p) if p is not None else None
 
     def block_of_grad(i: int):
-        return block_prefix(param_names[i], blocks) if i < len(param_names) else None
+        return group.get(param_names[i]) if i < len(param_names) else None
 
     counts = {"gathers_merged": 0, "reductions_merged": 0}
     for gm in (forward, backward):
@@ -192,9 +197,3 @@ def bucket_collectives(forward: fx.GraphModule, backward: fx.GraphModule,
         gm.graph.lint()
         gm.recompile()
     return counts
-
-
-def block_prefix(param: str, blocks: list[str]) -> str:
-    """The repeated block a parameter belongs to, else its top-level module."""
-    best = max((b for b in blocks if param.startswith(b + ".")), key=len, default=None)
-    return best if best is not None else param.split(".")[0]

@@ -5,7 +5,8 @@ whose traced forward and backward node sequences (op and output shape, in order;
 region's declaration too) are equal form one *class*. Every node of such a block maps to the node at the same position in the class's
 first block (its *representative*), and every parameter maps to the representative block's
 parameter of the same relative name. The integer program then has one variable set per
-representative, and its costs are counted once per member.
+representative, and its costs are counted once per member. Also `bucket_groups`: which
+parameters the program gathers and reduces together (a block's; the rest as two groups).
 """
 
 from __future__ import annotations
@@ -138,3 +139,15 @@ def find_blocks(jg: JointGraph) -> Blocks:
         classes={c: [b.name for b in m] for c, m in classes.items()},
         param_rep=param_rep,
     )
+
+
+def bucket_groups(param_names: list[str], blocks: list[str]) -> dict[str, str]:
+    """Each parameter's merge group: the repeated block it belongs to; else, as TorchTitan's
+    FSDP recipe groups the root's parameters, those before the first block's (the embedding)
+    and those after it (the final norm and the output) as two groups."""
+    def block(p: str) -> str | None:
+        return max((b for b in blocks if p.startswith(b + ".")), key=len, default=None)
+
+    first = next((i for i, p in enumerate(param_names) if block(p) is not None), len(param_names))
+    return {p: block(p) or ("(before the blocks)" if i < first else "(after the blocks)")
+            for i, p in enumerate(param_names)}

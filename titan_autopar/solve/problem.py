@@ -33,7 +33,7 @@ from titan_autopar.cost.regions import kept_regions, region_seconds, region_work
 from titan_autopar.cost.ring import (ring_dims, ring_imbalance, ring_relayout_seconds,
                                      ring_transfer_seconds)
 from titan_autopar.graph.recompute import blocks_by_position, recomputable
-from titan_autopar.graph.blocks import Blocks
+from titan_autopar.graph.blocks import Blocks, bucket_groups
 from titan_autopar.graph.manual_ops import BACKWARD as REGION_BACKWARD
 from titan_autopar.graph.manual_ops import OPS as REGION_OPS
 from titan_autopar.graph.manual_ops import region_name
@@ -81,6 +81,9 @@ class Edge:
     weight: int
     param_side: bool  # a parameter all-gather or a gradient reduction: may overlap compute
     gradient: bool = False  # param-side, carrying a gradient toward its parameter
+    # of `weight`, the runs that are the backward's second gather of a parameter (FSDP's
+    # reshard after forward); none when the plan keeps gathered parameters for the backward
+    again: int = 0
 
 
 @dataclass
@@ -159,10 +162,14 @@ class Problem:
         # seconds of one redistribution, by what it depends on: many edges carry equal tensors
         self._move_cache: dict[tuple, float] = {}
         self._bucket_sizes: dict[str, int] | None = None
+        self._group_of: dict[int, str | None] = {}
         self._region_comm: dict[tuple, float] = {}
         self.recompute = recompute
         # MoE regions whose autograd graph the program keeps (priced without recomputation)
         self.kept_regions = kept_regions(self.jg.manual_regions, recompute)
+        # gathered parameters freed after the forward and gathered again for the backward (FSDP's
+        # reshard_after_forward, TorchTitan's default); `keep_gathered` prices keeping them
+        self.reshard = True
         self._build(builder)
 
     # ------------------------------------------------------------------ building
@@ -245,6 +252,7 @@ class Problem:
                 g = g.args[0]
 
         counts: dict[tuple, int] = {}
+        again: dict[tuple, int] = {}
         flags: dict[tuple, tuple[bool, bool]] = {}
 
         def link(p: fx.Node, i: int, c_unit: int, k: int, param_side: bool,
@@ -253,8 +261,9 @@ class Problem:
             if pu is None or pu == c_unit:
                 return
             key = (pu, i, c_unit, k)
-            counts[key] = counts.get(key, 0) + (2 if param_side and not gradient and c in regathered
-                                                else 1)
+            twice = param_side and not gradient and c in regathered
+            counts[key] = counts.get(key, 0) + (2 if twice else 1)
+            again[key] = again.get(key, 0) + twice
             flags[key] = (param_side, gradient and param_side)
 
         for n in gm.graph.nodes:
@@ -277,7 +286,7 @@ class Problem:
         link(p, i, self.index[jg.tangent_node], 0, False)
         for key, w in counts.items():
             self.edges.append(Edge(*key, weight=w, param_side=flags[key][0],
-                                   gradient=flags[key][1]))
+                                   gradient=flags[key][1], again=again[key]))
         self.in_edges: list[list[int]] = [[] for _ in self.units]
         self.out_edges: list[list[int]] = [[] for _ in self.units]
         for ei, e in enumerate(self.edges):
@@ -447,6 +456,35 @@ class Problem:
             return 0.0
         return self._region_comm.get((u, choice), 0.0)
 
+    def runs(self, e: Edge) -> int:
+        """How many times a step runs edge `e`'s redistribution."""
+        return e.weight - (0 if self.reshard else e.again)
+
+    def keep_gathered(self, keep: bool) -> None:
+        """Price keeping each gathered parameter from the forward to the backward (no second
+        gather; `held_gathered` bytes more) instead of FSDP's reshard after forward."""
+        if keep == self.reshard:
+            self.reshard = not keep
+            self._edge_cache.clear()
+
+    def held_gathered(self, assign: list[tuple[int, ...]]) -> float:
+        """Bytes per rank of the gathered parameters a plan that keeps them holds from the forward
+        to the backward: each tensor the backward would gather again, once, in the placement
+        its readers take it in."""
+        held: dict[tuple, float] = {}
+        for e in self.edges:
+            if not e.again:
+                continue
+            t = self.units[e.src].outs[e.out]
+            dst = self.in_placement(e.dst, assign[e.dst], e.arg)
+            if self.placement(e.src, assign[e.src], e.out) == dst:
+                continue  # nothing gathered: the backward reads the shard itself
+            n = local_numel(t, dst, self.sizes)
+            b = e.again * (n if n is not None else real_numel(t)) * itemsize(t, self.prec)
+            key = (e.src, e.out, dst)
+            held[key] = max(held.get(key, 0.0), b)
+        return sum(held.values())
+
     def edge_price(self, ei: int, src: tuple, dst: tuple) -> float:
         key = (ei, src, dst)
         hit = self._edge_cache.get(key)
@@ -457,21 +495,29 @@ class Problem:
             seconds = self._move_cache.get(move)
             if seconds is None:
                 seconds = self._move_cache[move] = redistribute_time(self.topo, *move)
-            hit = e.weight * seconds
+            hit = self.runs(e) * seconds
             self._edge_cache[key] = hit
         return hit
 
     def bucket(self, e: Edge) -> int:
         """How many parameters move with `e`'s tensor in one merged collective: those of its
-        block (`apply/bucket.py`), for a parameter-side edge; 1 otherwise."""
+        merge group (`apply/bucket.py bucket_groups`: its block, or the parameters before or
+        after the blocks), for a parameter-side edge; 1 otherwise."""
         if not e.param_side:
             return 1
         if self._bucket_sizes is None:
+            blocks = [b.name for b in self.jg.blocks]
+            group = bucket_groups(list(self.jg.param_names), blocks)
+            self._group_of = {u: group.get(self.units[u].param_name)
+                              for u in range(len(self.units)) if self.units[u].kind == "param"}
             self._bucket_sizes = {}
-            for u in self.units:
-                if u.kind == "param":
-                    self._bucket_sizes[u.block] = self._bucket_sizes.get(u.block, 0) + 1
-        return max(1, self._bucket_sizes.get(self.edge_group(e), 1))
+            for u, g in self._group_of.items():  # a block's representative parameters, once
+                k = self.units[u].block or g
+                self._bucket_sizes[k] = self._bucket_sizes.get(k, 0) + 1
+        g = self.edge_group(e)
+        if not g:  # outside the blocks: the group of the parameter at either end, if one is
+            g = self._group_of.get(e.src) or self._group_of.get(e.dst) or "(before the blocks)"
+        return max(1, self._bucket_sizes.get(g, 1))
 
     def fsdp_groups(self) -> int:
         """The groups TorchTitan's recipes give FSDP2: one per block with parameters (every
@@ -519,6 +565,8 @@ class Problem:
         a = self.hw.overlap_efficiency
         for g, c in group_param.items():
             price.comm += max(0.0, c - a * group_compute.get(g, 0.0))
+        if not self.reshard:  # the gathered copies, alive from the forward to the backward
+            price.memory["parameters"] += self.held_gathered(assign)
         return price
 
 

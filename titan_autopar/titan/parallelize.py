@@ -226,6 +226,11 @@ def replay_differences(plan, model, tokens, names, sizes, job_config, *,
         out.append(f"activation checkpointing: plan has {ac!r}, the job "
                    f"{job_config.activation_checkpoint.mode!r}")
     if settings:
+        from titan_autopar.plan import PLANNER_REVISION
+
+        made = plan.data.get("planner_revision", 1)
+        if made != PLANNER_REVISION:
+            out.append(f"planner: plan made by revision {made}, this one is {PLANNER_REVISION}")
         budget = round((ap.memory_budget_gib * GiB if ap.memory_budget_gib else hw.hbm_bytes) / GiB, 6)
         if plan.data.get("memory_budget_gib") != budget:
             out.append(f"memory budget: plan has {plan.data.get('memory_budget_gib')} GiB, the job "
@@ -270,7 +275,7 @@ def _saved(path: Path, model, tokens, names, sizes, job_config, log):
         return None
     diffs = replay_differences(plan, model, tokens, names, sizes, job_config, settings=True)
     if diffs:
-        log.info(f"[titan_autopar] the plan saved in {path} was made for another job ("
+        log.info(f"[titan_autopar] the plan saved in {path} was made for another job or planner ("
                  + "; ".join(diffs) + "): planning again, it will be overwritten")
         return None
     log.info(f"[titan_autopar] reusing the plan saved in {path} by an earlier run of this job "
