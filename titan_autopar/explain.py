@@ -118,6 +118,9 @@ def explain(plan, max_collectives: int = 25) -> str:
         f"Peak memory per rank {p['peak_memory_gib']:.2f} GiB of {d['memory_budget_gib']:.2f}: "
         + ", ".join(f"{k} {m[k]:.2f}" for k in _memory_order(m))
     )
+    if d.get("reshard_after_forward") is False:
+        out.append("Gathered parameters are kept from the forward to the backward (FSDP would "
+                   "gather them again): held in the parameters' memory, each gathered once")
     for r, rp in d.get("recipes", {}).items():
         ratio = rp["step_time_s"] / p["step_time_s"] if p["step_time_s"] else float("nan")
         out.append(
