@@ -102,8 +102,11 @@ def test_cpu_patches_refuse_when_cuda_is_available(monkeypatch):
 def test_llama3_fsdp4_trains_on_four_cpu_ranks(tmp_path):
     steps = 5
     start = time.monotonic()
+    # with TorchTitan's profiler on, as a user debugging a slow step turns it (a CPU patch)
     run = launch(LLAMA3_FSDP4, nproc=4, cwd=REPO, timeout=240,
-                 extra_args=["--training.steps", str(steps), "--job.dump_folder", str(tmp_path)])
+                 extra_args=["--training.steps", str(steps), "--job.dump_folder", str(tmp_path),
+                             "--profiling.enable_profiling", "--profiling.profile_freq", "4",
+                             "--profiling.profiler_warmup", "1"])
     elapsed = time.monotonic() - start
     assert run.returncode == 0, run.stdout[-4000:]
     losses = parse_losses(run.stdout)
@@ -115,4 +118,8 @@ def test_llama3_fsdp4_trains_on_four_cpu_ranks(tmp_path):
     board = tensorboard_scalars(tmp_path)
     assert sorted(board) == sorted(losses)
     assert all(abs(board[s] - losses[s]) < 1e-4 for s in losses), (board, losses)
+    # the profiled step's trace, per rank, with the step's matmuls in it
+    traces = sorted(tmp_path.glob("profile_traces/iteration_4/rank*_trace.json"))
+    assert [t.name for t in traces] == [f"rank{r}_trace.json" for r in range(4)]
+    assert '"aten::mm"' in traces[0].read_text()
     print(f"llama3 FSDP=4 on CPU: {steps} steps in {elapsed:.1f} s, losses {losses}")
