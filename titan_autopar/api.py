@@ -89,7 +89,8 @@ def _keep_gathered_if_faster(pb, assign, price, budget, effort, solver, limits, 
     pb.keep_gathered(True)
     best = (round(price.step_time, 12), 0, assign, price, False)
     kept = pb.evaluate(assign)
-    if fits(kept):
+    # (where the second gathers hide behind compute there is nothing to gain: no descent)
+    if fits(kept) and round(kept.step_time, 12) < round(price.step_time, 12):
         tries = [(assign, kept)]
         if effort == "full":
             say("[solve] planning again with gathered parameters kept for the backward")
