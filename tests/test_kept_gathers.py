@@ -88,12 +88,14 @@ def test_the_program_gathers_each_group_once_a_step(debug_model, mesh_of):
     assert _parameter_gathers(fwd, program) == 1 + 6 + 1
     assert _parameter_gathers(bwd, program) == 0
     assert program.local.deduped > 0  # the norms' weights, read again by their derivatives
+    assert "gathered parameters kept for the backward" in program.summary()
 
     # the same plan run with FSDP's reshard after forward gathers the layers again
     again = apply_plan(debug_model("llama3"), plan, mesh, recompute_parameters=True,
                        progress=lambda s: None).autopar
     assert _parameter_gathers(again.split.forward, again) == 1 + 6 + 1
     assert _parameter_gathers(again.split.backward, again) == 6 + 1
+    assert "kept for the backward" not in again.summary()
 
 
 def test_user_pins_hold_against_a_recipe_start(debug_model, mesh_of):

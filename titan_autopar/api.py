@@ -400,6 +400,7 @@ def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
     local.deduped = dedupe_state_values(local.gm, n_state)
     if recompute_parameters is None:
         recompute_parameters = plan.data.get("reshard_after_forward", True)
+    local.kept_gathered = not recompute_parameters
     split = split_joint(local.gm, n_state, recompute_parameters=recompute_parameters,
                         checkpointing=plan.data.get("activation_checkpointing", "none"))
     if bucket:

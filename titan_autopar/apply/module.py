@@ -162,12 +162,17 @@ class ParallelProgram:
         lines = [
             f"forward graph: {len(f.nodes)} nodes; backward graph: {len(b.nodes)} nodes; "
             f"{len(self.split.saved)} values saved for backward, "
-            f"{len(self.split.recomputed)} recomputed from parameters",
+            f"{len(self.split.recomputed)} recomputed from parameters"
+            + (" (gathered parameters kept for the backward)"
+               if getattr(self.local, "kept_gathered", False) else ""),
             "collectives: " + (", ".join(f"{k} x{v}" for k, v in self.collectives().items()) or "none"),
         ]
         if self.plan.data.get("param_dtype"):
             lines.append(f"mixed precision: parameters cast to {self.plan.data['param_dtype']} for "
                          "compute; gradients and optimizer state in the parameters' dtype")
+        if getattr(self.local, "deduped", 0):
+            lines.append(f"computed once: {self.local.deduped} repeated parameter-only values "
+                         "(a weight gathered for the forward and again for a backward op)")
         if self.local.buckets:
             lines.append("merged per block: {gathers_merged} parameter all-gathers, "
                          "{reductions_merged} gradient reduce-scatters".format(**self.local.buckets))
