@@ -83,35 +83,34 @@ def _keep_gathered_if_faster(pb, assign, budget, effort, solver, limits, say, st
     """Which gathered parameters the plan keeps from the forward to the backward (no second
     gather) instead of FSDP's reshard after forward: none, the final norm and output's (as
     TorchTitan's recipes keep them, `TITAN_KEPT`, the pricing the searches ran under), or every
-    group's, whichever fits the budget and is priced fastest (at equal prices, in that order of
-    preference after the searches' own: theirs, none, every group's). Keeping every group is priced on the chosen assignment and (full effort)
+    group's, whichever fits the budget and is priced fastest (at equal prices, the one holding
+    the fewest bytes). Keeping every group is priced on the chosen assignment and (full effort)
     on a descent from it under that pricing, whose programs then see the forward's gathered
     copies as free for the backward. Returns (assignment, price), leaving `pb` pricing them."""
     fits = lambda p: p.peak_memory <= budget * (1 + 1e-9)  # noqa: E731
     every = frozenset(GATHER_GROUPS)
 
-    def option(a, kept, preference):
+    def option(a, kept):
         pb.keep_gathered(kept)
         p = pb.evaluate(a)
         # (where nothing fits, the least memory: the budget error then reports the closest)
         rank = round(p.step_time, 12) if fits(p) else p.peak_memory
-        return (not fits(p), rank, preference), a, p, kept
+        return (not fits(p), rank, pb.held_gathered(a)), a, p, kept
 
-    options = [option(assign, kept, i) for i, kept in enumerate((TITAN_KEPT, frozenset(), every))]
+    options = [option(assign, kept) for kept in (frozenset(), TITAN_KEPT, every)]
     # (where the second gathers hide behind compute there is nothing to gain: no descent)
     if effort == "full" and min(options, key=lambda o: o[0])[3] == every:
         say("[solve] planning again with gathered parameters kept for the backward")
         pb.keep_gathered(every)
         a, _ = descend(pb, assign, budget_bytes=budget, solver=solver, limits=limits,
                        log=say, stats=stats)
-        options.append(option(a, every, 3))
-    _, a, p, kept = min(options, key=lambda o: o[0])
+        options.append(option(a, every))
+    (_, _, held), a, p, kept = min(options, key=lambda o: o[0])
     pb.keep_gathered(kept)
-    held = pb.held_gathered(a)
     if kept:
         say(f"[solve] keeping gathered parameters for the backward ({', '.join(sorted(kept))}): "
             f"{held / GiB:.3f} GiB held, predicted step {p.step_time * 1e3:.2f} ms against "
-            f"{options[1][2].step_time * 1e3:.2f} ms resharding all")
+            f"{options[0][2].step_time * 1e3:.2f} ms resharding all")
     return a, p
 
 
