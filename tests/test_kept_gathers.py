@@ -56,27 +56,9 @@ def test_kept_where_memory_allows_resharded_where_it_does_not(debug_model, mesh_
     # held to the FSDP recipe's own peak there is no room for them: FSDP's two gathers
     _, _, tight = _plan(debug_model, mesh_of, memory_budget_gib=fsdp["peak_memory_gib"])
     assert tight.data["reshard_after_forward"] is True
-    assert "kept_gathered" not in tight.data
     assert "kept from the forward" not in tight.explain()
     assert tight.predicted["peak_memory_gib"] <= fsdp["peak_memory_gib"] + 1e-6
     assert _layer_gathered_bytes(tight) == 2 * 2 * _matrix_elements(model)
-    assert _output_gathers(tight) == 2
-
-    # 1.5 MiB more: room for the output's gathered copy (1 MiB in bf16), not for the layers':
-    # kept as TorchTitan's FSDP keeps the final norm and output, whose recipe is priced so
-    _, _, some = _plan(debug_model, mesh_of,
-                       memory_budget_gib=tight.predicted["peak_memory_gib"] + 1.5 / 1024)
-    assert some.data["reshard_after_forward"] is True
-    assert some.data["kept_gathered"] == ["(after the blocks)"]
-    assert "Gathered parameters of (after the blocks) are kept" in some.explain()
-    assert _layer_gathered_bytes(some) == 2 * 2 * _matrix_elements(model)
-    assert _output_gathers(some) == 1
-    assert some.predicted["step_time_s"] < tight.predicted["step_time_s"]
-
-
-def _output_gathers(plan) -> int:
-    return sum(c["count"] for c in plan.data["collectives"]
-               if c["producer"] == "output.weight" and c["collective"] == "all_gather")
 
 
 def _parameter_gathers(gm, program) -> int:
@@ -116,20 +98,6 @@ def test_the_program_gathers_each_group_once_a_step(debug_model, mesh_of):
     assert "kept for the backward" not in again.summary()
 
 
-def test_a_program_keeps_the_final_norm_and_output_as_titan_does(debug_model, mesh_of):
-    _, _, kept = _plan(debug_model, mesh_of)
-    _, _, tight = _plan(debug_model, mesh_of,
-                        memory_budget_gib=kept.data["recipes"]["fsdp"]["peak_memory_gib"])
-    model, mesh, plan = _plan(debug_model, mesh_of,
-                              memory_budget_gib=tight.predicted["peak_memory_gib"] + 1.5 / 1024)
-    assert plan.data["kept_gathered"] == ["(after the blocks)"]
-    program = apply_plan(model, plan, mesh, progress=lambda s: None).autopar
-    # every layer gathered again for the backward, the final norm with the output not
-    assert _parameter_gathers(program.split.forward, program) == 1 + 6 + 1
-    assert _parameter_gathers(program.split.backward, program) == 6
-    assert "gathered parameters of (after the blocks) kept for the backward" in program.summary()
-
-
 def test_user_pins_hold_against_a_recipe_start(debug_model, mesh_of):
     model = debug_model("llama3")
     pins = {n: (Replicate(),) for n, _ in model.named_parameters()
@@ -146,9 +114,4 @@ def test_a_plan_file_with_a_bad_reshard_flag_is_refused(debug_model, mesh_of, tm
     plan.data["reshard_after_forward"] = "sometimes"
     plan.save(tmp_path / "p.json")
     with pytest.raises(PlanError, match="reshard_after_forward.*expected true or false"):
-        Plan.load(tmp_path / "p.json")
-    plan.data["reshard_after_forward"] = True
-    plan.data["kept_gathered"] = ["layers.0"]
-    plan.save(tmp_path / "p.json")
-    with pytest.raises(PlanError, match="kept_gathered.*expected a list of some of 'blocks'"):
         Plan.load(tmp_path / "p.json")

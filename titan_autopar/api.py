@@ -28,7 +28,7 @@ from titan_autopar.cost.loop import loop_seconds
 from titan_autopar.cost.memory import Precision
 from titan_autopar.graph.recompute import check_mode
 from titan_autopar.graph.attention import flex_modules
-from titan_autopar.graph.blocks import find_blocks, gather_groups
+from titan_autopar.graph.blocks import find_blocks
 from titan_autopar.graph.manual import resolve_all
 from titan_autopar.graph.trace import trace_joint
 from titan_autopar.plan import Plan, build_plan, fingerprint
@@ -37,7 +37,7 @@ from titan_autopar.solve.descent import DescentStats, descend, initial_assignmen
 from titan_autopar.solve.errors import MemoryBudgetError, memory_floor
 from titan_autopar.solve.ilp import SolveLimits
 from titan_autopar.solve.joint import check_joint_size, solve_joint
-from titan_autopar.solve.problem import GATHER_GROUPS, TITAN_KEPT, Problem
+from titan_autopar.solve.problem import Problem
 from titan_autopar.solve.recipes import (RECIPES, TENSOR, check_dim_names, default_input_placements,
                                          recipe_placements)
 from titan_autopar.strategy.options import OptionBuilder
@@ -79,39 +79,33 @@ def _parameter_pins(given, shapes, names, sizes) -> dict[str, tuple[Placement, .
     return {n: tuple(pl) for n, pl in given.items()}
 
 
-def _keep_gathered_if_faster(pb, assign, budget, effort, solver, limits, say, stats):
-    """Which gathered parameters the plan keeps from the forward to the backward (no second
-    gather) instead of FSDP's reshard after forward: none, the final norm and output's (as
-    TorchTitan's recipes keep them, `TITAN_KEPT`, the pricing the searches ran under), or every
-    group's, whichever fits the budget and is priced fastest (at equal prices, the one holding
-    the fewest bytes). Keeping every group is priced on the chosen assignment and (full effort)
-    on a descent from it under that pricing, whose programs then see the forward's gathered
-    copies as free for the backward. Returns (assignment, price), leaving `pb` pricing them."""
+def _keep_gathered_if_faster(pb, assign, price, budget, effort, solver, limits, say, stats):
+    """The plan keeps gathered parameters from the forward to the backward (no second gather)
+    where that fits the budget and is priced faster than FSDP's reshard after forward: the
+    chosen assignment priced so, and (full effort) a descent from it under that pricing, whose
+    programs then see the forward's gathered copies as free for the backward. Leaves `pb`
+    pricing the choice made."""
     fits = lambda p: p.peak_memory <= budget * (1 + 1e-9)  # noqa: E731
-    every = frozenset(GATHER_GROUPS)
-
-    def option(a, kept):
-        pb.keep_gathered(kept)
-        p = pb.evaluate(a)
-        # (where nothing fits, the least memory: the budget error then reports the closest)
-        rank = round(p.step_time, 12) if fits(p) else p.peak_memory
-        return (not fits(p), rank, pb.held_gathered(a)), a, p, kept
-
-    options = [option(assign, kept) for kept in (frozenset(), TITAN_KEPT, every)]
+    pb.keep_gathered(True)
+    best = (round(price.step_time, 12), 0, assign, price, False)
+    kept = pb.evaluate(assign)
     # (where the second gathers hide behind compute there is nothing to gain: no descent)
-    if effort == "full" and min(options, key=lambda o: o[0])[3] == every:
-        say("[solve] planning again with gathered parameters kept for the backward")
-        pb.keep_gathered(every)
-        a, _ = descend(pb, assign, budget_bytes=budget, solver=solver, limits=limits,
-                       log=say, stats=stats)
-        options.append(option(a, every))
-    (_, _, held), a, p, kept = min(options, key=lambda o: o[0])
-    pb.keep_gathered(kept)
-    if kept:
-        say(f"[solve] keeping gathered parameters for the backward ({', '.join(sorted(kept))}): "
-            f"{held / GiB:.3f} GiB held, predicted step {p.step_time * 1e3:.2f} ms against "
-            f"{options[0][2].step_time * 1e3:.2f} ms resharding all")
-    return a, p
+    if fits(kept) and round(kept.step_time, 12) < round(price.step_time, 12):
+        tries = [(assign, kept)]
+        if effort == "full":
+            say("[solve] planning again with gathered parameters kept for the backward")
+            a, _ = descend(pb, assign, budget_bytes=budget, solver=solver, limits=limits,
+                           log=say, stats=stats)
+            tries.append((a, pb.evaluate(a)))
+        for i, (a, p) in enumerate(tries, 1):
+            if fits(p) and (round(p.step_time, 12), i) < best[:2]:
+                best = (round(p.step_time, 12), i, a, p, True)
+    pb.keep_gathered(best[4])
+    if best[4]:
+        say(f"[solve] keeping gathered parameters for the backward: "
+            f"{pb.held_gathered(best[2]) / GiB:.3f} GiB held, predicted step "
+            f"{best[3].step_time * 1e3:.2f} ms against {price.step_time * 1e3:.2f} ms")
+    return best[2], best[3]
 
 
 def plan_model(
@@ -324,8 +318,9 @@ def plan_model(
     phases["solve"] = {"seconds": time.perf_counter() - t, "build_seconds": stats.build_seconds,
                        "solver_seconds": stats.solve_seconds, "programs": stats.solves,
                        "max_variables": stats.variables, "max_constraints": stats.constraints}
-    assign, price = _keep_gathered_if_faster(pb, assign, budget, effort, solver, limits, say,
-                                             stats)
+    price = pb.evaluate(assign)
+    assign, price = _keep_gathered_if_faster(pb, assign, price, budget, effort, solver, limits,
+                                             say, stats)
     price.loop = loop_s
     phases["solve"]["objective_ms"] = objective_ms(price, budget)  # what the programs minimise
     say(f"[solve] {stats.solves} programs in {phases['solve']['seconds']:.2f}s; predicted step "
@@ -343,9 +338,7 @@ def plan_model(
     )
     if solver == "joint":
         plan.data["solver"]["method"] = "one integer program over products of per-dim choices"
-    plan.data["reshard_after_forward"] = pb.kept != frozenset(GATHER_GROUPS)
-    if pb.kept and pb.kept != frozenset(GATHER_GROUPS):
-        plan.data["kept_gathered"] = sorted(pb.kept)
+    plan.data["reshard_after_forward"] = pb.reshard
     plan.data["activation_checkpointing"] = activation_checkpointing
     plan.data["cp_attention"] = cp_attention
     plan.data["param_dtype"] = str(param_dtype).removeprefix("torch.") if param_dtype else None
@@ -405,16 +398,11 @@ def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
     t = time.perf_counter()
     n_state = len(jg.param_names) + len(jg.buffer_names)
     local.deduped = dedupe_state_values(local.gm, n_state)
-    kept: list[str] = []  # groups whose gathered parameters are kept though the rest reshard
     if recompute_parameters is None:
         recompute_parameters = plan.data.get("reshard_after_forward", True)
-        kept = plan.data.get("kept_gathered", []) if recompute_parameters else []
-    local.kept_gathered = kept or not recompute_parameters
-    groups = gather_groups(list(jg.param_names), [b.name for b in jg.blocks])
+    local.kept_gathered = not recompute_parameters
     split = split_joint(local.gm, n_state, recompute_parameters=recompute_parameters,
-                        checkpointing=plan.data.get("activation_checkpointing", "none"),
-                        kept_state=frozenset(i for i, n in enumerate(jg.param_names)
-                                             if groups[n] in kept))
+                        checkpointing=plan.data.get("activation_checkpointing", "none"))
     if bucket:
         phs = [n.name for n in local.gm.graph.nodes if n.op == "placeholder"]
         local.buckets = bucket_collectives(split.forward, split.backward,

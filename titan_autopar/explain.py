@@ -121,10 +121,6 @@ def explain(plan, max_collectives: int = 25) -> str:
     if d.get("reshard_after_forward") is False:
         out.append("Gathered parameters are kept from the forward to the backward (FSDP would "
                    "gather them again): held in the parameters' memory, each gathered once")
-    elif d.get("kept_gathered"):
-        out.append(f"Gathered parameters of {', '.join(d['kept_gathered'])} are kept from the "
-                   "forward to the backward, as TorchTitan's FSDP keeps the final norm and output; "
-                   "the others are gathered again for the backward")
     for r, rp in d.get("recipes", {}).items():
         ratio = rp["step_time_s"] / p["step_time_s"] if p["step_time_s"] else float("nan")
         out.append(

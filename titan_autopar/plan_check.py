@@ -18,8 +18,6 @@ import math
 import re
 from pathlib import Path
 
-from titan_autopar.graph.blocks import GATHER_GROUPS
-
 SCHEMA_VERSION = 2  # 2: manual regions (`manual_regions` replaces `opaque_blocks`)
 MAX_PLAN_BYTES = 1 << 30
 _PLACEMENT = re.compile(r"^(R|P|S\((0|[1-9][0-9]{0,2})\))$")
@@ -282,10 +280,6 @@ def check_plan_data(d: dict, source) -> None:
     rf = d.get("reshard_after_forward", True)
     if not isinstance(rf, bool):
         _fail(src, "reshard_after_forward", f"found {_kind(rf)}; expected true or false")
-    kg = d.get("kept_gathered", [])
-    if not isinstance(kg, list) or not set(kg) <= set(GATHER_GROUPS):
-        _fail(src, "kept_gathered", f"found {_kind(kg)}; expected a list of some of "
-              f"{', '.join(repr(g) for g in GATHER_GROUPS)}")
     dt = d.get("param_dtype")
     if dt is not None and dt not in DTYPES:
         _fail(src, "param_dtype", f"found {_kind(dt)}; expected null or one of {', '.join(DTYPES)}")

@@ -163,7 +163,8 @@ class ParallelProgram:
             f"forward graph: {len(f.nodes)} nodes; backward graph: {len(b.nodes)} nodes; "
             f"{len(self.split.saved)} values saved for backward, "
             f"{len(self.split.recomputed)} recomputed from parameters"
-            + _kept_words(getattr(self.local, "kept_gathered", False)),
+            + (" (gathered parameters kept for the backward)"
+               if getattr(self.local, "kept_gathered", False) else ""),
             "collectives: " + (", ".join(f"{k} x{v}" for k, v in self.collectives().items()) or "none"),
         ]
         if self.plan.data.get("param_dtype"):
@@ -223,11 +224,3 @@ def parallelize_module(model, plan, mesh, jg, local: LocalJoint, split: Split):
     model.forward = lambda *inputs, positions=None: program(model, *inputs, positions=positions)
     wrap_init_weights(model)
     return model
-
-
-def _kept_words(kept: bool | list[str]) -> str:
-    """The summary's words for the gathered parameters a program keeps for the backward: every
-    group's (True), some groups' (their names), or none."""
-    if kept is True:
-        return " (gathered parameters kept for the backward)"
-    return f" (gathered parameters of {', '.join(kept)} kept for the backward)" if kept else ""

@@ -9,9 +9,7 @@ The joint program takes (parameters, buffers, inputs, tangent) and returns (outp
 `saved` are the forward values the backward reads. With `recompute_parameters` (the default)
 a forward value computed from parameters and buffers alone -- a gathered weight, its transpose,
 its cast -- is not saved but computed again in the backward from the parameter shard, exactly as
-FSDP frees gathered weights after the forward and gathers them again for the backward; except
-the values computed from the parameters of `kept_state` alone, which are saved (as TorchTitan's
-FSDP recipe keeps the final norm and output gathered).
+FSDP frees gathered weights after the forward and gathers them again for the backward.
 With activation checkpointing (`checkpointing` = "full" or "selective", see
 `graph/recompute.py`) the values inside each block are computed again the same way. Every
 recomputed value is placed just before its first reader in the backward, so one block's
@@ -88,11 +86,9 @@ def _lazy_order(gm: fx.GraphModule, bwd: set[fx.Node], recomputed: set[fx.Node])
 
 
 def split_joint(gm: fx.GraphModule, n_state: int, *, recompute_parameters: bool = True,
-                checkpointing: str = "none", kept_state: frozenset[int] = frozenset()) -> Split:
+                checkpointing: str = "none") -> Split:
     """`n_state` = number of parameter and buffer placeholders (they come first);
-    `checkpointing` is an activation checkpointing mode of `graph/recompute.py`; `kept_state`
-    the positions, among those placeholders, of parameters whose gathered values are saved
-    even with `recompute_parameters`."""
+    `checkpointing` is an activation checkpointing mode of `graph/recompute.py`."""
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     tangent = phs[-1]
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
@@ -100,12 +96,9 @@ def split_joint(gm: fx.GraphModule, n_state: int, *, recompute_parameters: bool 
     out_v, grads = results[0], results[1:]
 
     state_only: set[fx.Node] = set(phs[:n_state])  # depends on parameters/buffers alone
-    # which of those placeholders each such value is computed from
-    sources: dict[fx.Node, frozenset[int]] = {p: frozenset({i}) for i, p in enumerate(phs[:n_state])}
     for n in gm.graph.nodes:
         if n.op in ("call_function", "get_attr") and all(a in state_only for a in n.all_input_nodes):
             state_only.add(n)
-            sources[n] = frozenset().union(*(sources[a] for a in n.all_input_nodes))
 
     infer = _ancestors([out_v]) - set(phs)
     fwd = set(infer)
@@ -121,7 +114,7 @@ def split_joint(gm: fx.GraphModule, n_state: int, *, recompute_parameters: bool 
                           if n in fwd and BLOCK_TAG in n.meta},
                          set(gm.graph.nodes) - fwd, checkpointing)
     if recompute_parameters:
-        again |= {n for n in state_only if not sources[n] or not sources[n] <= kept_state}
+        again |= state_only
     recomputed: set[fx.Node] = set()
     work = list(bwd)
     while work:

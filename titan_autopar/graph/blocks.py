@@ -141,11 +141,6 @@ def find_blocks(jg: JointGraph) -> Blocks:
     )
 
 
-# the two groups of the parameters outside the repeated blocks (TorchTitan's FSDP recipe shards
-# the embedding alone and the final norm with the output as one group)
-BEFORE_BLOCKS, AFTER_BLOCKS = "(before the blocks)", "(after the blocks)"
-
-
 def bucket_groups(param_names: list[str], blocks: list[str]) -> dict[str, str]:
     """Each parameter's merge group: the repeated block it belongs to; else, as TorchTitan's
     FSDP recipe groups the root's parameters, those before the first block's (the embedding)
@@ -154,18 +149,5 @@ def bucket_groups(param_names: list[str], blocks: list[str]) -> dict[str, str]:
         return max((b for b in blocks if p.startswith(b + ".")), key=len, default=None)
 
     first = next((i for i, p in enumerate(param_names) if block(p) is not None), len(param_names))
-    return {p: block(p) or (BEFORE_BLOCKS if i < first else AFTER_BLOCKS)
+    return {p: block(p) or ("(before the blocks)" if i < first else "(after the blocks)")
             for i, p in enumerate(param_names)}
-
-
-# what a plan may keep gathered from the forward to the backward, group by group: the repeated
-# blocks' parameters, and each of the two groups outside them
-BLOCKS = "blocks"
-GATHER_GROUPS = (BLOCKS, BEFORE_BLOCKS, AFTER_BLOCKS)
-
-
-def gather_groups(param_names: list[str], blocks: list[str]) -> dict[str, str]:
-    """Each parameter's group of `GATHER_GROUPS`: its `bucket_groups` group outside the blocks,
-    else `BLOCKS`."""
-    return {p: g if g in (BEFORE_BLOCKS, AFTER_BLOCKS) else BLOCKS
-            for p, g in bucket_groups(param_names, blocks).items()}

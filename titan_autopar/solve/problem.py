@@ -33,8 +33,7 @@ from titan_autopar.cost.regions import kept_regions, region_seconds, region_work
 from titan_autopar.cost.ring import (ring_dims, ring_imbalance, ring_relayout_seconds,
                                      ring_transfer_seconds)
 from titan_autopar.graph.recompute import blocks_by_position, recomputable
-from titan_autopar.graph.blocks import (AFTER_BLOCKS, BLOCKS, GATHER_GROUPS, Blocks, bucket_groups,
-                                        gather_groups)
+from titan_autopar.graph.blocks import Blocks, bucket_groups
 from titan_autopar.graph.manual_ops import BACKWARD as REGION_BACKWARD
 from titan_autopar.graph.manual_ops import OPS as REGION_OPS
 from titan_autopar.graph.manual_ops import region_name
@@ -53,9 +52,6 @@ from titan_autopar.strategy.options import (
 CAST_OPS = {torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default}
 
 MEMORY_KINDS = ("parameters", "gradients", "optimizer", "activations")
-# TorchTitan's FSDP recipe (`reshard_after_forward_policy = "default"`) keeps the final norm and
-# output gathered for the backward, which starts with them
-TITAN_KEPT = frozenset({AFTER_BLOCKS})
 
 
 @dataclass
@@ -86,10 +82,8 @@ class Edge:
     param_side: bool  # a parameter all-gather or a gradient reduction: may overlap compute
     gradient: bool = False  # param-side, carrying a gradient toward its parameter
     # of `weight`, the runs that are the backward's second gather of a parameter (FSDP's
-    # reshard after forward); none when the plan keeps this parameter's gathered copy
+    # reshard after forward); none when the plan keeps gathered parameters for the backward
     again: int = 0
-    # of a parameter gathered again: its group in `GATHER_GROUPS`
-    again_group: str = ""
 
 
 @dataclass
@@ -173,11 +167,9 @@ class Problem:
         self.recompute = recompute
         # MoE regions whose autograd graph the program keeps (priced without recomputation)
         self.kept_regions = kept_regions(self.jg.manual_regions, recompute)
-        # the groups (`GATHER_GROUPS`) whose gathered parameters are kept from the forward to the
-        # backward; the others' are freed after the forward and gathered again for the backward
-        # (FSDP's reshard_after_forward). `keep_gathered` sets them; at first, as TorchTitan's
-        # recipes run: only the final norm and output kept
-        self.kept: frozenset[str] = TITAN_KEPT
+        # gathered parameters freed after the forward and gathered again for the backward (FSDP's
+        # reshard_after_forward, TorchTitan's default); `keep_gathered` prices keeping them
+        self.reshard = True
         self._build(builder)
 
     # ------------------------------------------------------------------ building
@@ -205,12 +197,9 @@ class Problem:
         # it -- after the cast, merged per block and hidden behind compute (`apply/bucket.py`)
         follow = VIEW_OPS | CAST_OPS
         param_derived: set[fx.Node] = set(param_of)
-        group = gather_groups(list(jg.param_names), [b.name for b in jg.blocks])
-        gather_group = {n: group[name] for n, name in param_of.items()}
         for n in gm.graph.nodes:
             if n.op == "call_function" and n.target in follow and n.args and n.args[0] in param_derived:
                 param_derived.add(n)
-                gather_group[n] = gather_group[n.args[0]]
         # a forward view or cast of a parameter that the backward reads is computed again there
         # from the shard (`apply/partition.py`, recompute_parameters, as FSDP2 gathers again for
         # the backward), so the collective that feeds it runs twice a step
@@ -264,7 +253,6 @@ class Problem:
 
         counts: dict[tuple, int] = {}
         again: dict[tuple, int] = {}
-        again_group: dict[tuple, str] = {}
         flags: dict[tuple, tuple[bool, bool]] = {}
 
         def link(p: fx.Node, i: int, c_unit: int, k: int, param_side: bool,
@@ -276,8 +264,6 @@ class Problem:
             twice = param_side and not gradient and c in regathered
             counts[key] = counts.get(key, 0) + (2 if twice else 1)
             again[key] = again.get(key, 0) + twice
-            if twice:
-                again_group[key] = gather_group.get(p, BLOCKS)
             flags[key] = (param_side, gradient and param_side)
 
         for n in gm.graph.nodes:
@@ -300,8 +286,7 @@ class Problem:
         link(p, i, self.index[jg.tangent_node], 0, False)
         for key, w in counts.items():
             self.edges.append(Edge(*key, weight=w, param_side=flags[key][0],
-                                   gradient=flags[key][1], again=again[key],
-                                   again_group=again_group.get(key, "")))
+                                   gradient=flags[key][1], again=again[key]))
         self.in_edges: list[list[int]] = [[] for _ in self.units]
         self.out_edges: list[list[int]] = [[] for _ in self.units]
         for ei, e in enumerate(self.edges):
@@ -473,18 +458,13 @@ class Problem:
 
     def runs(self, e: Edge) -> int:
         """How many times a step runs edge `e`'s redistribution."""
-        return e.weight - (e.again if e.again_group in self.kept else 0)
+        return e.weight - (0 if self.reshard else e.again)
 
-    def keep_gathered(self, keep: bool | frozenset[str]) -> None:
-        """Price keeping the gathered parameters of the groups `keep` names (True: every group of
-        `GATHER_GROUPS`, False: none) from the forward to the backward (no second gather;
-        `held_gathered` bytes more) instead of FSDP's reshard after forward."""
-        kept = frozenset(GATHER_GROUPS if keep is True else () if keep is False else keep)
-        if kept - set(GATHER_GROUPS):
-            raise ValueError(f"unknown parameter groups {sorted(kept - set(GATHER_GROUPS))}; "
-                             f"expected some of {', '.join(GATHER_GROUPS)}")
-        if kept != self.kept:
-            self.kept = kept
+    def keep_gathered(self, keep: bool) -> None:
+        """Price keeping each gathered parameter from the forward to the backward (no second
+        gather; `held_gathered` bytes more) instead of FSDP's reshard after forward."""
+        if keep == self.reshard:
+            self.reshard = not keep
             self._edge_cache.clear()
 
     def held_gathered(self, assign: list[tuple[int, ...]]) -> float:
@@ -493,7 +473,7 @@ class Problem:
         its readers take it in."""
         held: dict[tuple, float] = {}
         for e in self.edges:
-            if not e.again or e.again_group not in self.kept:
+            if not e.again:
                 continue
             t = self.units[e.src].outs[e.out]
             dst = self.in_placement(e.dst, assign[e.dst], e.arg)
@@ -585,7 +565,7 @@ class Problem:
         a = self.hw.overlap_efficiency
         for g, c in group_param.items():
             price.comm += max(0.0, c - a * group_compute.get(g, 0.0))
-        if self.kept:  # the gathered copies, alive from the forward to the backward
+        if not self.reshard:  # the gathered copies, alive from the forward to the backward
             price.memory["parameters"] += self.held_gathered(assign)
         return price
 
