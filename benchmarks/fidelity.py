@@ -5,7 +5,8 @@ each config of the matrix below, trains three arms on 4 ranks with TorchTitan's 
 
     fsdp     TorchTitan's recipe, dp_shard = 4                (auto = false)
     fsdp_tp  TorchTitan's recipe, dp_shard = 2 x tp = 2       (auto = false)
-    auto     parallelism.auto = true on dp_shard = 4, priced with the calibrated profile
+    auto     parallelism.auto = true on dp_shard = 4, priced with the calibrated profile (a
+             plan that is FSDP's own schedule runs as the fsdp recipe: `recipe_schedule`)
 
 Measured step time: the median over steps 2..N of rank 0's TorchTitan figures (local tokens /
 (tokens per second per device x tp)). Each config runs its three arms `--repeats` times (default
@@ -20,6 +21,9 @@ Prints a table per config and one JSON line:
   rank_agreement              share of configs whose predicted order of the three arms (by
                               throughput) is the measured order
   kendall_tau                 mean over configs of Kendall's tau between the two orders
+                              (both over the pairs the prediction orders: where auto's plan is
+                              the FSDP recipe's schedule it runs as that recipe, predicted the
+                              same, and the measured order of that pair is noise)
   auto_over_best_recipe_min/max  auto's measured throughput / the best recipe's, over configs
   repeat_spread_pct_median/max  how far one arm's rounds lie apart (the noise floor: differences
                               between arms smaller than this are not resolved)
@@ -110,7 +114,12 @@ def measured_step(output: str, tokens: int, tp: int) -> tuple[float, float] | No
 
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
-    pairs = list(itertools.combinations(range(len(a)), 2))
+    """Kendall's tau over the pairs the prediction `a` orders: a pair it ties (two arms that run
+    one program: auto run as the recipe whose schedule it is) predicts no order, and the
+    measured order of such a pair is noise."""
+    pairs = [(i, j) for i, j in itertools.combinations(range(len(a)), 2) if a[i] != a[j]]
+    if not pairs:
+        return 1.0
     s = sum((1 if (a[i] - a[j]) * (b[i] - b[j]) > 0 else -1) for i, j in pairs)
     return s / len(pairs)
 
@@ -210,7 +219,11 @@ def main() -> int:
             row["arms"][arm] = r
         plan = json.loads((d / "auto" / "plan.json").read_text()) if (d / "auto" / "plan.json").exists() else None
         if plan:
-            row["arms"]["auto"]["predicted_step_s"] = plan["predicted"]["step_time_s"]
+            # what ran: a plan that is the FSDP recipe's schedule runs as that recipe
+            ran = plan["recipes"][plan["recipe_schedule"]["recipe"]] if plan.get("recipe_schedule") \
+                else plan["predicted"]
+            row["arms"]["auto"]["predicted_step_s"] = ran["step_time_s"]
+            row["arms"]["auto"]["runs_as_recipe"] = (plan.get("recipe_schedule") or {}).get("recipe")
             row["arms"]["fsdp"]["predicted_step_s"] = plan["recipes"]["fsdp"]["step_time_s"]
             if name == "llama3_s256_b2":  # 2% above the recipe's peak: as lean as FSDP
                 budget = math.ceil(plan["recipes"]["fsdp"]["peak_memory_gib"] * 1.02e4) / 1e4

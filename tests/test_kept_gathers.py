@@ -57,6 +57,11 @@ def test_kept_where_memory_allows_resharded_where_it_does_not(debug_model, mesh_
     _, _, tight = _plan(debug_model, mesh_of, memory_budget_gib=fsdp["peak_memory_gib"])
     assert tight.data["reshard_after_forward"] is True
     assert "kept from the forward" not in tight.explain()
+    # ... which makes the plan FSDP's own schedule, run under TorchTitan as the fsdp recipe
+    assert kept.recipe_schedule is None and tight.recipe_schedule == "fsdp"
+    assert tight.predicted_run() == tight.data["recipes"]["fsdp"]
+    assert tight.predicted_run(recipe_runtime=False) == tight.predicted
+    assert "TorchTitan runs it as that recipe" in tight.explain()
     assert tight.predicted["peak_memory_gib"] <= fsdp["peak_memory_gib"] + 1e-6
     assert _layer_gathered_bytes(tight) == 2 * 2 * _matrix_elements(model)
 
@@ -107,6 +112,23 @@ def test_user_pins_hold_against_a_recipe_start(debug_model, mesh_of):
     # replicated weights: every rank stores all of them (fp32), not a quarter
     stored = plan.predicted["memory_gib"]["parameters"] * 2**30
     assert stored >= 4 * sum(p.numel() for p in model.parameters()) * (1 - 1e-6)
+
+
+def test_a_schedule_that_names_no_priced_recipe_is_refused(debug_model, mesh_of, tmp_path):
+    _, _, plan = _plan(debug_model, mesh_of)
+    plan.data["recipe_schedule"] = {"recipe": "fsdp_tp", "why": "edited"}
+    plan.save(tmp_path / "p.json")
+    with pytest.raises(PlanError, match="recipe_schedule.recipe.*one of the priced recipes \\(fsdp\\)"):
+        Plan.load(tmp_path / "p.json")
+
+
+def test_user_pins_keep_the_plans_own_program(debug_model, mesh_of):
+    # FSDP's placements pinned by the user under the recipe's peak: FSDP's schedule, but what
+    # the user pinned is what runs, as the plan's program
+    _, _, free = _plan(debug_model, mesh_of)
+    budget = free.data["recipes"]["fsdp"]["peak_memory_gib"]
+    _, _, plan = _plan(debug_model, mesh_of, parameter_placements="fsdp", memory_budget_gib=budget)
+    assert plan.data["reshard_after_forward"] is True and plan.recipe_schedule is None
 
 
 def test_a_plan_file_with_a_bad_reshard_flag_is_refused(debug_model, mesh_of, tmp_path):

@@ -9,6 +9,8 @@
 - mixed_precision_param = "bfloat16" under auto follows the recipe's bf16 run.
 - cp=2 under auto (ring attention) follows TorchTitan's CP recipe (its own ring attention).
 - pp=2 under auto: each pipeline stage is planned on its own and trains like the recipe's pp=2.
+- Held to the FSDP recipe's peak, the plan is FSDP's schedule and runs as the recipe (its losses
+  to the digit); with recipe_runtime = false the plan's program runs it.
 - The MoE debug model deepseek_v3 trains under auto without expert parallelism (its MoE blocks
   are data-parallel manual regions); with expert parallelism, and llama4 and qwen3, see
   `tests/test_titan_ep.py` and `benchmarks/moe_parity.py`.
@@ -221,6 +223,39 @@ def test_mixed_precision_under_auto_follows_the_recipe(trained):
     assert max(abs(auto[s] - fsdp[s]) for s in auto) <= 2e-2, (auto, fsdp)
     assert max(abs(auto[s] - fp32["auto"][s]) for s in auto) > 1e-4, (auto, fp32["auto"])
     assert "parameters cast to bfloat16 for compute" in logs
+
+
+def test_a_plan_that_is_fsdps_schedule_runs_as_the_recipe(trained):
+    """Held to the FSDP recipe's own peak (+2%) there is no room to keep gathered weights: the
+    plan is FSDP's schedule, and TorchTitan runs it as the recipe -- from the same seed, the
+    recipe's losses to the digit. With recipe_runtime = false the plan's own program runs it,
+    within the usual tolerance."""
+    import subprocess
+    import sys
+
+    root, fp32 = trained
+    seed = root / "seed" / "checkpoint" / "step-0"
+    priced = root / "tight_plan.json"
+    subprocess.run([sys.executable, "-m", "titan_autopar.cli", "plan", "--config", AUTO,
+                    "--hardware", "cpu", "--out", priced], cwd=REPO, check=True,
+                   capture_output=True)
+    budget = math.ceil(json.loads(priced.read_text())["recipes"]["fsdp"]["peak_memory_gib"]
+                       * 1.02e4) / 1e4
+    runs = {}
+    for name, extra in (("recipe_runtime", []), ("program", ["--auto_parallel.no-recipe_runtime"])):
+        runs[name] = _run(AUTO, 4, "--job.dump_folder", root / f"tight_{name}",
+                          "--checkpoint.enable", "--checkpoint.initial_load_path", seed,
+                          "--training.steps", 3, *CPU_PRESET,
+                          "--auto_parallel.memory_budget_gib", budget, *extra)
+    plan = json.loads((root / "tight_recipe_runtime" / "plan.json").read_text())
+    assert plan["recipe_schedule"]["recipe"] == "fsdp" and plan["reshard_after_forward"] is True
+    assert "running it as TorchTitan's recipe" in runs["recipe_runtime"].stdout
+    assert "[apply] program built" not in runs["recipe_runtime"].stdout
+    assert "[apply] program built" in runs["program"].stdout
+    as_recipe, program = (parse_losses(runs[k].stdout) for k in ("recipe_runtime", "program"))
+    assert sorted(as_recipe) == [1, 2, 3]
+    assert all(as_recipe[s] == fp32["fsdp"][s] for s in as_recipe), (as_recipe, fp32["fsdp"])
+    assert max(abs(program[s] - fp32["fsdp"][s]) for s in as_recipe) <= LOSS_TOL
 
 
 @pytest.mark.parametrize("model", ["deepseek_v3"])

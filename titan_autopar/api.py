@@ -38,6 +38,7 @@ from titan_autopar.solve.errors import MemoryBudgetError, memory_floor
 from titan_autopar.solve.ilp import SolveLimits
 from titan_autopar.solve.joint import check_joint_size, solve_joint
 from titan_autopar.solve.problem import Problem
+from titan_autopar.solve.recipe_schedule import fsdp_schedule
 from titan_autopar.solve.recipes import (RECIPES, TENSOR, check_dim_names, default_input_placements,
                                          recipe_placements)
 from titan_autopar.strategy.options import OptionBuilder
@@ -339,6 +340,9 @@ def plan_model(
     if solver == "joint":
         plan.data["solver"]["method"] = "one integer program over products of per-dim choices"
     plan.data["reshard_after_forward"] = pb.reshard
+    plan.data["recipe_schedule"] = fsdp_schedule(
+        names, price, priced["fsdp"]["price"] if "fsdp" in priced else None, reshard=pb.reshard,
+        budget=budget, pinned=bool(user_pins), manual=bool(jg.manual_regions))
     plan.data["activation_checkpointing"] = activation_checkpointing
     plan.data["cp_attention"] = cp_attention
     plan.data["param_dtype"] = str(param_dtype).removeprefix("torch.") if param_dtype else None

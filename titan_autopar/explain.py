@@ -118,6 +118,13 @@ def explain(plan, max_collectives: int = 25) -> str:
         f"Peak memory per rank {p['peak_memory_gib']:.2f} GiB of {d['memory_budget_gib']:.2f}: "
         + ", ".join(f"{k} {m[k]:.2f}" for k in _memory_order(m))
     )
+    rs = d.get("recipe_schedule")
+    if rs:
+        rp = d["recipes"][rs["recipe"]]
+        out.append(f"This is the {rs['recipe']} recipe's schedule (only parameter gathers and "
+                   "gradient reductions, gathered again for the backward): TorchTitan runs it as "
+                   f"that recipe, predicted {rp['step_time_s'] * 1e3:.2f} ms with its runtime "
+                   "([auto_parallel] recipe_runtime)")
     if d.get("reshard_after_forward") is False:
         out.append("Gathered parameters are kept from the forward to the backward (FSDP would "
                    "gather them again): held in the parameters' memory, each gathered once")

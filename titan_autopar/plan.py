@@ -24,7 +24,7 @@ from titan_autopar.solve.problem import itemsize, local_numel, real_numel
 
 # bumped whenever the planner would choose or price the same job differently: a run that finds
 # a plan saved by an earlier revision plans again (a plan_file the user names still replays)
-PLANNER_REVISION = 2
+PLANNER_REVISION = 3
 
 __all__ = ["Plan", "PlanError", "StalePlanError", "SCHEMA_VERSION", "build_plan", "fingerprint",
            "is_plan_file", "parse_placement", "placement_str"]
@@ -131,6 +131,19 @@ class Plan:
     @property
     def predicted(self) -> dict:
         return self.data["predicted"]
+
+    @property
+    def recipe_schedule(self) -> str | None:
+        """"fsdp" where the plan is FSDP's own schedule (`solve/recipe_schedule.py`), which
+        TorchTitan's switch runs under FSDP2 by default; else None."""
+        rs = self.data.get("recipe_schedule")
+        return rs["recipe"] if rs else None
+
+    def predicted_run(self, recipe_runtime: bool = True) -> dict:
+        """The predicted price of what runs: the recipe's where the plan is a recipe's schedule
+        and runs under the recipe's runtime (`recipe_runtime`), else the plan's own."""
+        r = self.recipe_schedule
+        return self.data["recipes"][r] if r and recipe_runtime else self.predicted
 
     def check(self, fp: dict) -> None:
         """Refuse a plan made for another model, inputs, mesh or hardware, saying what differs."""

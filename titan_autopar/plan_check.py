@@ -280,6 +280,13 @@ def check_plan_data(d: dict, source) -> None:
     rf = d.get("reshard_after_forward", True)
     if not isinstance(rf, bool):
         _fail(src, "reshard_after_forward", f"found {_kind(rf)}; expected true or false")
+    rs = d.get("recipe_schedule")
+    if rs is not None:
+        _obj(src, "recipe_schedule", rs)
+        if rs.get("recipe") not in d.get("recipes", {}):
+            _fail(src, "recipe_schedule.recipe", f"found {_kind(rs.get('recipe'))}; expected "
+                  f"one of the priced recipes ({', '.join(d.get('recipes', {})) or 'none'}), "
+                  "or recipe_schedule null")
     dt = d.get("param_dtype")
     if dt is not None and dt not in DTYPES:
         _fail(src, "param_dtype", f"found {_kind(dt)}; expected null or one of {', '.join(DTYPES)}")

@@ -27,6 +27,7 @@ import shutil
 import statistics
 from pathlib import Path
 
+from titan_autopar.plan import Plan
 from titan_autopar.titan.config_check import read_toml
 from titan_autopar.titan.launch import failed_rank_lines, launch
 
@@ -175,7 +176,10 @@ def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
     auto_s = _summary(figures["auto"], tokens, _model_parallel(cfg))
     rec_s = _summary(figures["recipe"], _tokens_per_step(twin_cfg), _model_parallel(twin_cfg))
     measured_here = bool(plan["hardware"].get("profile"))
-    for arm, pred in (("auto", plan["predicted"]), ("recipe", plan["recipes"].get(recipe))):
+    runs_recipe = bool(plan.get("recipe_schedule")) and \
+        cfg.get("auto_parallel", {}).get("recipe_runtime", True)
+    auto_pred = Plan(plan).predicted_run(runs_recipe)
+    for arm, pred in (("auto", auto_pred), ("recipe", plan["recipes"].get(recipe))):
         summ = auto_s if arm == "auto" else rec_s
         summ["predicted_step_time_s"] = round(pred["step_time_s"], 4) if pred else None
         if pred and measured_here and summ["step_time_s"]:
@@ -188,8 +192,10 @@ def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
         "predicted": {"hardware": plan["hardware"].get("name"),
                       "profile": plan["hardware"].get("profile", ""),
                       "twin_recipe": recipe,
-                      "auto_step_time_s": plan["predicted"]["step_time_s"],
-                      "auto_peak_memory_gib": plan["predicted"]["peak_memory_gib"],
+                      "auto_step_time_s": auto_pred["step_time_s"],
+                      "auto_runs_as_recipe": plan["recipe_schedule"]["recipe"] if runs_recipe
+                      else None,
+                      "auto_peak_memory_gib": auto_pred["peak_memory_gib"],
                       "recipes_step_time_s": {k: v["step_time_s"] for k, v in plan["recipes"].items()}},
         "loss": {name: {s: f["loss"] for s, f in sorted(fig.items())} for name, fig in figures.items()},
     }
@@ -253,6 +259,9 @@ def table(result: dict) -> str:
     whose = (f"measured on this machine: profile {p['profile']}" if p.get("profile")
              else "the preset's figures, not this machine's: set [auto_parallel] hardware = "
              "\"calibrate\" to compare")
+    if p.get("auto_runs_as_recipe"):
+        lines.append(f"auto's plan is the {p['auto_runs_as_recipe']} recipe's schedule: it ran as "
+                     "that recipe, under TorchTitan's own runtime")
     lines.append(f"predicted on {p['hardware']}: auto step {p['auto_step_time_s'] * 1e3:.2f} ms, "
                  f"peak {p['auto_peak_memory_gib']:.2f} GiB; recipes "
                  + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in p["recipes_step_time_s"].items())

@@ -77,7 +77,7 @@ def _switch(recipe):
                       or "the config")
         if auto:
             check_job_config(job_config, job_config.job.config_file or "the config")
-            return plan_and_apply(model, parallel_dims, job_config)
+            return plan_and_apply(model, parallel_dims, job_config, recipe)
         return recipe(model, parallel_dims, job_config)
 
     setattr(parallelize, _MARK, True)
@@ -333,8 +333,10 @@ def _plan(model, mesh, tokens, names, job_config, tag):
     return Plan(json.loads(plan_json))
 
 
-def plan_and_apply(model, parallel_dims, job_config):
-    """`auto = true`: plan (or replay) and apply; returns the model, parameters on meta."""
+def plan_and_apply(model, parallel_dims, job_config, recipe=None):
+    """`auto = true`: plan (or replay) and apply; returns the model, parameters on meta. A plan
+    that is FSDP's own schedule runs as `recipe` (the model's own parallelize function), unless
+    `[auto_parallel] recipe_runtime = false`."""
     from titan_autopar import apply_plan
     from titan_autopar.cost.hardware import get_hardware
     from titan_autopar.titan.job_hardware import resolve_hardware
@@ -362,6 +364,11 @@ def plan_and_apply(model, parallel_dims, job_config):
         log.info("[titan_autopar] predicted step time and peak memory written to TensorBoard")
     for line in plan.explain().splitlines()[:6]:
         log.info(f"[titan_autopar] {line}")
+    if plan.recipe_schedule and ap.recipe_runtime and recipe is not None:
+        log.info(f"[titan_autopar] the plan is the {plan.recipe_schedule} recipe's schedule: "
+                 "running it as TorchTitan's recipe (FSDP2's runtime); [auto_parallel] "
+                 "recipe_runtime = false runs the plan's own program")
+        return recipe(model, parallel_dims, job_config)
     model = apply_plan(model, plan, mesh, progress=lambda s: log.info(f"[titan_autopar] {s}"))
     comp = job_config.compile
     if comp.enable and "model" in comp.components:

@@ -39,7 +39,7 @@ def write_predictions(plan, parallel_dims, job_config, stage: str = "") -> Path 
         return None
     from torch.utils.tensorboard import SummaryWriter
 
-    pred = plan.predicted
+    pred = plan.predicted_run(job_config.auto_parallel.recipe_runtime)
     sub = f"/{stage}" if stage else ""
     writer = SummaryWriter(str(run), filename_suffix=".titan_autopar")
     for step in sorted({1, max(1, job_config.training.steps)}):
