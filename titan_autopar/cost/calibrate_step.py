@@ -13,8 +13,9 @@ own ranks, in a small training step rather than in a model of it:
      a fixed batch, each rank on its own full copy: compute alone, no collective;
   2. the same stack under FSDP2 on a mesh of one rank (each rank its own): the compute of 1 plus
      FSDP2's own runtime (its hooks, its copies into and out of the gathered buffers), no transfer;
-     and under tensor parallelism on that mesh (each linear column- or row-parallel, as
-     TorchTitan's TP plans make them): the compute of 1 plus DTensor's runtime, no transfer;
+     and under tensor parallelism on that mesh (each linear column- or row-parallel, the norm
+     sequence-parallel, as TorchTitan's TP plans make them): the compute of 1 plus DTensor's
+     runtime with the redistributes around each projection, no transfer;
   3. the same stack under FSDP2 over all ranks: 2 plus the gathers and reduce-scatters FSDP2
      issues, which are counted and sized as they are called;
   4. the clean price of those collectives, from the curves just fitted (`collective_fits`).
@@ -75,12 +76,20 @@ LINEARS = 4  # in each _Block
 
 
 def _under_tp(model: torch.nn.Module, mesh) -> torch.nn.Module:
+    """TorchTitan's TP plan on the stack: the residual stream split by sequence (its input
+    (1, tokens, dim) Shard(1)), the norm sequence-parallel, each projection's input gathered
+    (column-parallel from Shard(1)) and its row-parallel output reduce-scattered back to
+    sequence shards -- the redistributes the model's own plan has around every block."""
+    from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
+                                                   SequenceParallel, parallelize_module)
 
     for block in model:
-        parallelize_module(block, mesh, {"q": ColwiseParallel(), "up": ColwiseParallel(),
-                                         "o": RowwiseParallel(), "down": RowwiseParallel()})
+        parallelize_module(block, mesh, {
+            "norm": SequenceParallel(),
+            "q": ColwiseParallel(input_layouts=Shard(1)), "up": ColwiseParallel(input_layouts=Shard(1)),
+            "o": RowwiseParallel(output_layouts=Shard(1)),
+            "down": RowwiseParallel(output_layouts=Shard(1))})
     return model
 
 
@@ -142,7 +151,8 @@ def measure_step(device: str, fits: dict) -> tuple[float, float, float, dict]:
     # DTensor's runtime under tensor parallelism, on the same mesh of one: every linear a
     # column- or row-parallel module, as TorchTitan's TP plans make them
     tp = _under_tp(_stack(sz, device), own)
-    tp_one_rank = timed(lambda: step(tp), device)
+    x3 = x.unsqueeze(0)  # (batch, sequence, dim): the sequence is what SequenceParallel splits
+    tp_one_rank = timed(lambda: tp(x3).float().square().mean().backward(), device)
     per_linear = max(0.0, (tp_one_rank - alone) / (LINEARS * sz["blocks"]))
     meas = {"compute_alone_s": alone, "fsdp_one_rank_step_s": one_rank, "groups": sz["blocks"],
             "per_group_s": per_group, "tp_one_rank_step_s": tp_one_rank,
