@@ -14,7 +14,9 @@ With `auto = true`, `plan_and_apply`:
    and sends the plan to the others, so every rank runs the same plan -- or loads
    `[auto_parallel] plan_file`,
 3. applies it (`apply_plan`) and returns the model, still on meta; TorchTitan then materialises
-   it and calls `init_weights`, which gives the single-device weights for the job's seed.
+   it and calls `init_weights`, which gives the single-device weights for the job's seed. A plan
+   that is FSDP's own schedule (`recipe_schedule`) runs as the model's recipe instead, under
+   TorchTitan's FSDP2 (`[auto_parallel] recipe_runtime = false`: the plan's program).
 
 With pp > 1 TorchTitan splits the model into stages and calls the parallelize function once per
 stage it holds: each stage is planned on its own slice of the mesh for one microbatch (a later
