@@ -6,13 +6,16 @@ each config of the matrix below, trains three arms on 4 ranks with TorchTitan's 
     fsdp     TorchTitan's recipe, dp_shard = 4                (auto = false)
     fsdp_tp  TorchTitan's recipe, dp_shard = 2 x tp = 2       (auto = false)
     auto     parallelism.auto = true on dp_shard = 4, priced with the calibrated profile (a
-             plan that is FSDP's own schedule runs as the fsdp recipe: `recipe_schedule`)
+             plan predicted no faster than FSDP's schedule runs as the fsdp recipe:
+             `recipe_schedule`)
 
 Measured step time: the median over steps 2..N of rank 0's TorchTitan figures (local tokens /
 (tokens per second per device x tp)). Each config runs its three arms `--repeats` times (default
-2) in rounds of alternating order (fsdp, fsdp_tp, auto, then auto, fsdp_tp, fsdp), so that the
-machine's drift falls on every arm; an arm's figure is the median over its rounds, and its rounds'
-spread ((max - min) / median) is kept beside it. Predicted: the auto plan's own step, its `recipes.fsdp`,
+3) in rounds of rotated order (fsdp, fsdp_tp, auto; then fsdp_tp, auto, fsdp; then auto, fsdp,
+fsdp_tp), so that each arm takes each place once: the machine's drift and a slow spell of a few
+minutes fall on every arm alike (alternating orders put one arm twice in the middle, where one
+slow spell once cost auto 10% against FSDP); an arm's figure is the median over its rounds, and
+its rounds' spread ((max - min) / median) is kept beside it. Predicted: the auto plan's own step, its `recipes.fsdp`,
 and `recipes.fsdp_tp` of the same job planned on the 2x2 mesh (`titan-autopar plan --config`),
 all with the calibrated profile. Throughput is tokens/s per device (TorchTitan's tps).
 
@@ -21,9 +24,9 @@ Prints a table per config and one JSON line:
   rank_agreement              share of configs whose predicted order of the three arms (by
                               throughput) is the measured order
   kendall_tau                 mean over configs of Kendall's tau between the two orders
-                              (both over the pairs the prediction orders: where auto's plan is
-                              the FSDP recipe's schedule it runs as that recipe, predicted the
-                              same, and the measured order of that pair is noise)
+                              (both over the pairs the prediction orders: where auto's plan
+                              runs as the FSDP recipe it is predicted the same, and the
+                              measured order of that pair is noise)
   auto_over_best_recipe_min/max  auto's measured throughput / the best recipe's, over configs
   repeat_spread_pct_median/max  how far one arm's rounds lie apart (the noise floor: differences
                               between arms smaller than this are not resolved)
@@ -33,7 +36,7 @@ Prints a table per config and one JSON line:
     # run some configs again, keeping the others' rows and the same profile:
     ... fidelity.py --profile out/fidelity/profile.json --resume --only A --only B
 
-About 12 minutes per round on 2 cores (24 for the default two rounds). The profile is left in out/fidelity/profile.json.
+About 10 minutes per round on 2 cores (30 for the default three rounds). The profile is left in out/fidelity/profile.json.
 """
 
 from __future__ import annotations
@@ -137,8 +140,8 @@ def predict_2x2(job: Path, profile: Path, out: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--repeats", type=int, default=2, help="rounds of the three arms, in "
-                    "alternating order; each arm's figure is the median over rounds")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds of the three arms, in "
+                    "rotated order; each arm's figure is the median over rounds")
     ap.add_argument("--only", action="append", default=[])
     ap.add_argument("--out", default="out/fidelity")
     ap.add_argument("--profile", default="", help="use this profile instead of calibrating")
@@ -190,8 +193,8 @@ def main() -> int:
             say(str(e).splitlines()[0])
         runs = {arm: [] for arm in ARMS}
         errors = {}
-        for rnd in range(a.repeats):  # rounds in alternating order: drift falls on every arm
-            for arm in (list(ARMS) if rnd % 2 == 0 else list(ARMS)[::-1]):
+        for rnd in range(a.repeats):  # rounds in rotated order: each arm in each place once
+            for arm in list(ARMS)[rnd % 3:] + list(ARMS)[:rnd % 3]:
                 if arm in errors:
                     continue
                 say(f"{name}: {arm}, {a.steps} steps on 4 ranks (round {rnd + 1}/{a.repeats})")

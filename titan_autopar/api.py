@@ -341,8 +341,8 @@ def plan_model(
         plan.data["solver"]["method"] = "one integer program over products of per-dim choices"
     plan.data["reshard_after_forward"] = pb.reshard
     plan.data["recipe_schedule"] = fsdp_schedule(
-        names, price, priced["fsdp"]["price"] if "fsdp" in priced else None, reshard=pb.reshard,
-        budget=budget, pinned=bool(user_pins), manual=bool(jg.manual_regions))
+        names, price, priced["fsdp"]["price"] if "fsdp" in priced else None, budget=budget,
+        pinned=bool(user_pins), manual=bool(jg.manual_regions))
     plan.data["activation_checkpointing"] = activation_checkpointing
     plan.data["cp_attention"] = cp_attention
     plan.data["param_dtype"] = str(param_dtype).removeprefix("torch.") if param_dtype else None

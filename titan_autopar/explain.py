@@ -121,10 +121,9 @@ def explain(plan, max_collectives: int = 25) -> str:
     rs = d.get("recipe_schedule")
     if rs:
         rp = d["recipes"][rs["recipe"]]
-        out.append(f"This is the {rs['recipe']} recipe's schedule (only parameter gathers and "
-                   "gradient reductions, gathered again for the backward): TorchTitan runs it as "
-                   f"that recipe, predicted {rp['step_time_s'] * 1e3:.2f} ms with its runtime "
-                   "([auto_parallel] recipe_runtime)")
+        out.append(f"Runs as the {rs['recipe']} recipe under TorchTitan ([auto_parallel] "
+                   f"recipe_runtime): {rs['why']}; predicted {rp['step_time_s'] * 1e3:.2f} ms "
+                   "with FSDP2's runtime")
     if d.get("reshard_after_forward") is False:
         out.append("Gathered parameters are kept from the forward to the backward (FSDP would "
                    "gather them again): held in the parameters' memory, each gathered once")

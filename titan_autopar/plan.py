@@ -134,8 +134,9 @@ class Plan:
 
     @property
     def recipe_schedule(self) -> str | None:
-        """"fsdp" where the plan is FSDP's own schedule (`solve/recipe_schedule.py`), which
-        TorchTitan's switch runs under FSDP2 by default; else None."""
+        """"fsdp" where the plan is predicted no faster than FSDP's own schedule
+        (`solve/recipe_schedule.py`): TorchTitan's switch then runs that recipe by default;
+        else None."""
         rs = self.data.get("recipe_schedule")
         return rs["recipe"] if rs else None
 

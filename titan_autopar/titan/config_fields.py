@@ -50,10 +50,10 @@ class AutoParallel:
     Programs stop by counted limits (gap, nodes), so plans do not depend on the machine's load;
     the guard only stops a runaway program, and the plan then says "time_guard"."""
     recipe_runtime: bool = True
-    """Where the plan is FSDP's own schedule (each collective a parameter gather or a gradient
-    reduction, nothing kept gathered: the plan says `recipe_schedule`), run it as the job's FSDP
-    recipe under TorchTitan's FSDP2, whose runtime prefetches the gathers; false runs the plan's
-    own program instead. Plans with anything else always run as their own program."""
+    """Where the plan is predicted less than 1% faster than the FSDP recipe's own schedule (the
+    plan says `recipe_schedule`; typically a budget too tight to keep gathered weights), run the
+    job's FSDP recipe under TorchTitan's FSDP2 instead of the plan's program; false runs the
+    plan's program anyway. Other plans always run as their own program."""
     manual_modules: list[str] = field(default_factory=list)
     """Modules to run as manual regions, by qualified-name pattern (fnmatch: "layers.*.moe"):
     the planner plans around them and they run their own code. Empty: with

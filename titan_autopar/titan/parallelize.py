@@ -15,8 +15,9 @@ With `auto = true`, `plan_and_apply`:
    `[auto_parallel] plan_file`,
 3. applies it (`apply_plan`) and returns the model, still on meta; TorchTitan then materialises
    it and calls `init_weights`, which gives the single-device weights for the job's seed. A plan
-   that is FSDP's own schedule (`recipe_schedule`) runs as the model's recipe instead, under
-   TorchTitan's FSDP2 (`[auto_parallel] recipe_runtime = false`: the plan's program).
+   predicted no faster than FSDP's own schedule (`recipe_schedule`) runs as the model's recipe
+   instead, under TorchTitan's FSDP2 (`[auto_parallel] recipe_runtime = false`: the plan's
+   program).
 
 With pp > 1 TorchTitan splits the model into stages and calls the parallelize function once per
 stage it holds: each stage is planned on its own slice of the mesh for one microbatch (a later
@@ -337,7 +338,8 @@ def _plan(model, mesh, tokens, names, job_config, tag):
 
 def plan_and_apply(model, parallel_dims, job_config, recipe=None):
     """`auto = true`: plan (or replay) and apply; returns the model, parameters on meta. A plan
-    that is FSDP's own schedule runs as `recipe` (the model's own parallelize function), unless
+    predicted no faster than FSDP's own schedule runs as `recipe` (the model's own parallelize
+    function), unless
     `[auto_parallel] recipe_runtime = false`."""
     from titan_autopar import apply_plan
     from titan_autopar.cost.hardware import get_hardware
@@ -367,9 +369,9 @@ def plan_and_apply(model, parallel_dims, job_config, recipe=None):
     for line in plan.explain().splitlines()[:6]:
         log.info(f"[titan_autopar] {line}")
     if plan.recipe_schedule and ap.recipe_runtime and recipe is not None:
-        log.info(f"[titan_autopar] the plan is the {plan.recipe_schedule} recipe's schedule: "
-                 "running it as TorchTitan's recipe (FSDP2's runtime); [auto_parallel] "
-                 "recipe_runtime = false runs the plan's own program")
+        log.info(f"[titan_autopar] the plan gains less than the prices resolve over the "
+                 f"{plan.recipe_schedule} recipe: running it as TorchTitan's recipe (FSDP2's "
+                 "runtime); [auto_parallel] recipe_runtime = false runs the plan's own program")
         return recipe(model, parallel_dims, job_config)
     model = apply_plan(model, plan, mesh, progress=lambda s: log.info(f"[titan_autopar] {s}"))
     comp = job_config.compile
