@@ -61,17 +61,17 @@ def test_kept_where_memory_allows_resharded_where_it_does_not(debug_model, mesh_
     assert tight.data["reshard_after_forward"] is True
     assert "kept from the forward" not in tight.explain()
     # ... which leaves it no faster than FSDP's own schedule: it runs as the fsdp recipe
-    assert tight.recipe_schedule == "fsdp" and abs(tight.data["recipe_schedule"]["gain_pct"]) < 1
+    assert tight.recipe_schedule == "fsdp" and abs(tight.data["recipe_schedule"]["gain_pct"]) < 5
     assert tight.predicted_run() == tight.data["recipes"]["fsdp"]
     assert tight.predicted_run(recipe_runtime=False) == tight.predicted
     assert tight.predicted["peak_memory_gib"] <= fsdp["peak_memory_gib"] + 1e-6
     assert _layer_gathered_bytes(tight) == 2 * 2 * _matrix_elements(model)
     assert "Runs as the fsdp recipe under TorchTitan" in tight.explain()
     # kept, it is 0.8% faster than FSDP's schedule on the cpu preset, whose compute dwarfs the
-    # gathers: under the 1% the prices resolve, so it runs as the recipe too
+    # gathers: under the 5% the prices resolve, so it runs as the recipe too
     schedule = fsdp["step_time_s"] - fsdp["framework_s"]
     gain = 100 * (schedule - kept.predicted["step_time_s"]) / schedule
-    assert 0.5 < gain < 1 and kept.data["recipe_schedule"]["gain_pct"] == pytest.approx(gain, abs=1e-3)
+    assert 0.5 < gain < 5 and kept.data["recipe_schedule"]["gain_pct"] == pytest.approx(gain, abs=1e-3)
 
 
 def test_a_plan_that_gains_runs_as_its_own_program(debug_model, mesh_of):
@@ -157,3 +157,17 @@ def test_a_plan_file_with_a_bad_reshard_flag_is_refused(debug_model, mesh_of, tm
     plan.save(tmp_path / "p.json")
     with pytest.raises(PlanError, match="reshard_after_forward.*expected true or false"):
         Plan.load(tmp_path / "p.json")
+
+
+def test_tied_weights_keep_the_plans_own_program(mesh_of):
+    # qwen3's dense flavor ties its output to its embedding, which TorchTitan's FSDP recipe
+    # refuses: however little the plan gains, it runs as its own program
+    from titan_autopar.titan.models import build_model
+
+    model, _ = build_model("qwen3", "debugmodel", SEQ)
+    plan = plan_model(model, mesh_of(("dp_shard",), (4,)), (torch.zeros(4, SEQ, dtype=torch.long),),
+                      hardware="cpu", **QUIET)
+    fsdp = plan.data["recipes"]["fsdp"]
+    schedule = fsdp["step_time_s"] - fsdp["framework_s"]
+    assert plan.predicted["step_time_s"] > 0.95 * schedule  # too little gain for any other model
+    assert plan.recipe_schedule is None

@@ -81,7 +81,8 @@ def trained(tmp_path_factory):
     losses = {}
     for name, config in (("fsdp", FSDP), ("auto", AUTO)):
         run = _run(config, 4, "--job.dump_folder", root / name, "--checkpoint.enable",
-                   "--checkpoint.initial_load_path", seed, "--training.steps", 10)
+                   "--checkpoint.initial_load_path", seed, "--training.steps", 10,
+                   *(PROGRAM if name == "auto" else []))
         losses[name] = parse_losses(run.stdout)
         losses[name + "_log"] = run.stdout
     return root, losses
@@ -122,7 +123,7 @@ def test_a_killed_rank_resumes_with_the_saved_plan(trained):
     root, losses = trained
     seed = root / "seed" / "checkpoint" / "step-0"
     args = ["--job.dump_folder", root / "killed", "--checkpoint.enable",
-            "--checkpoint.initial_load_path", seed, "--training.steps", 10]
+            "--checkpoint.initial_load_path", seed, "--training.steps", 10, *PROGRAM]
     killed = []
 
     def kill_rank_2(line, proc):
@@ -152,7 +153,7 @@ def test_checkpoints_cross_between_recipe_and_auto(trained):
     for name, config, source in (("auto_from_fsdp", AUTO, "fsdp"), ("fsdp_from_auto", FSDP, "auto")):
         shutil.copytree(root / source / "checkpoint" / "step-10", root / name / "checkpoint" / "step-10")
         run = _run(config, 4, "--job.dump_folder", root / name, "--checkpoint.enable",
-                   "--training.steps", 12)
+                   "--training.steps", 12, *(PROGRAM if config == AUTO else []))
         resumed[name] = parse_losses(run.stdout)
     for name, got in resumed.items():
         assert sorted(got) == [11, 12], f"{name} did not resume at step 11: {got}"
@@ -254,7 +255,7 @@ def test_a_plan_that_is_fsdps_schedule_runs_as_the_recipe(trained):
                           "--auto_parallel.memory_budget_gib", budget, *extra)
     plan = json.loads((root / "tight_recipe_runtime" / "plan.json").read_text())
     assert plan["recipe_schedule"]["recipe"] == "fsdp" and plan["reshard_after_forward"] is True
-    assert plan["recipe_schedule"]["gain_pct"] < 1
+    assert plan["recipe_schedule"]["gain_pct"] < 5
     assert "running it as TorchTitan's recipe" in runs["recipe_runtime"].stdout
     assert "[apply] program built" not in runs["recipe_runtime"].stdout
     assert "[apply] program built" in runs["program"].stdout
@@ -267,7 +268,7 @@ def test_a_plan_that_is_fsdps_schedule_runs_as_the_recipe(trained):
 @pytest.mark.parametrize("model", ["deepseek_v3"])
 def test_moe_models_train_under_auto(model, tmp_path):
     run = _run(f"train_configs/{model}_debug_cpu_auto4.toml", 4, "--job.dump_folder", tmp_path,
-               "--training.steps", 3, "--lr_scheduler.warmup_steps", 1)
+               "--training.steps", 3, "--lr_scheduler.warmup_steps", 1, *PROGRAM)
     losses = parse_losses(run.stdout)
     assert sorted(losses) == [1, 2, 3] and all(math.isfinite(v) for v in losses.values())
     assert losses[3] < losses[1]

@@ -342,7 +342,10 @@ def plan_model(
     plan.data["reshard_after_forward"] = pb.reshard
     plan.data["recipe_schedule"] = fsdp_schedule(
         names, price, priced["fsdp"]["price"] if "fsdp" in priced else None, budget=budget,
-        pinned=bool(user_pins), manual=bool(jg.manual_regions))
+        pinned=bool(user_pins),
+        manual=any(r.style == "user" for r in jg.manual_regions.values()),
+        tied=len(list(model.named_parameters(remove_duplicate=False)))
+        > len(list(model.named_parameters())))
     plan.data["activation_checkpointing"] = activation_checkpointing
     plan.data["cp_attention"] = cp_attention
     plan.data["param_dtype"] = str(param_dtype).removeprefix("torch.") if param_dtype else None
