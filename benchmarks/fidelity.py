@@ -193,6 +193,9 @@ def main() -> int:
             say(str(e).splitlines()[0])
         runs = {arm: [] for arm in ARMS}
         errors = {}
+        # the first round plans afresh (a plan an earlier run of this folder saved would be
+        # reused by the trainer when made by the same planner revision); the later ones reuse it
+        (d / "auto" / "plan.json").unlink(missing_ok=True)
         for rnd in range(a.repeats):  # rounds in rotated order: each arm in each place once
             for arm in list(ARMS)[rnd % 3:] + list(ARMS)[:rnd % 3]:
                 if arm in errors:

@@ -343,7 +343,7 @@ def plan_model(
     plan.data["recipe_schedule"] = fsdp_schedule(
         names, price, priced["fsdp"]["price"] if "fsdp" in priced else None, budget=budget,
         pinned=bool(user_pins),
-        manual=any(r.style == "user" for r in jg.manual_regions.values()),
+        manual=bool(jg.manual_regions),
         tied=len(list(model.named_parameters(remove_duplicate=False)))
         > len(list(model.named_parameters())))
     plan.data["activation_checkpointing"] = activation_checkpointing
