@@ -51,6 +51,7 @@ import sys
 import time
 from pathlib import Path
 
+from titan_autopar.plan import Plan
 from titan_autopar.titan.ab import step_figures
 from titan_autopar.titan.config_check import read_toml
 from titan_autopar.titan.launch import failed_rank_lines, launch
@@ -225,11 +226,9 @@ def main() -> int:
             row["arms"][arm] = r
         plan = json.loads((d / "auto" / "plan.json").read_text()) if (d / "auto" / "plan.json").exists() else None
         if plan:
-            # what ran: a plan that is the FSDP recipe's schedule runs as that recipe
-            ran = plan["recipes"][plan["recipe_schedule"]["recipe"]] if plan.get("recipe_schedule") \
-                else plan["predicted"]
-            row["arms"]["auto"]["predicted_step_s"] = ran["step_time_s"]
-            row["arms"]["auto"]["runs_as_recipe"] = (plan.get("recipe_schedule") or {}).get("recipe")
+            # what ran: a plan that gains too little over FSDP's schedule runs as that recipe
+            row["arms"]["auto"]["predicted_step_s"] = Plan(plan).predicted_run()["step_time_s"]
+            row["arms"]["auto"]["runs_as_recipe"] = Plan(plan).recipe_schedule
             row["arms"]["fsdp"]["predicted_step_s"] = plan["recipes"]["fsdp"]["step_time_s"]
             if name == "llama3_s256_b2":  # 2% above the recipe's peak: as lean as FSDP
                 budget = math.ceil(plan["recipes"]["fsdp"]["peak_memory_gib"] * 1.02e4) / 1e4

@@ -21,7 +21,7 @@ from titan_autopar import checks
 from titan_autopar.apply.bucket import bucket_collectives
 from titan_autopar.apply.dedupe import dedupe_state_values
 from titan_autopar.apply.interpret import trace_local_joint
-from titan_autopar.apply.module import parallelize_module
+from titan_autopar.apply.module import parallelize_module, tied_names
 from titan_autopar.apply.partition import split_joint
 from titan_autopar.cost.hardware import GiB, get_hardware
 from titan_autopar.cost.loop import loop_seconds
@@ -344,8 +344,7 @@ def plan_model(
         names, price, priced["fsdp"]["price"] if "fsdp" in priced else None, budget=budget,
         pinned=bool(user_pins),
         manual=bool(jg.manual_regions),
-        tied=len(list(model.named_parameters(remove_duplicate=False)))
-        > len(list(model.named_parameters())))
+        tied=any(len(names) > 1 for names in tied_names(model).values()))
     plan.data["activation_checkpointing"] = activation_checkpointing
     plan.data["cp_attention"] = cp_attention
     plan.data["param_dtype"] = str(param_dtype).removeprefix("torch.") if param_dtype else None
