@@ -171,3 +171,25 @@ def test_tied_weights_keep_the_plans_own_program(mesh_of):
     schedule = fsdp["step_time_s"] - fsdp["framework_s"]
     assert plan.predicted["step_time_s"] > 0.95 * schedule  # too little gain for any other model
     assert plan.recipe_schedule is None
+
+
+def test_moe_blocks_planned_data_parallel_may_run_as_the_recipe(debug_model, mesh_of):
+    # llama4's MoE blocks, marked by nobody, are planned "data_parallel": each rank routes its own
+    # tokens through experts gathered for use, as TorchTitan's FSDP recipe runs them. The plan is
+    # predicted within 5% of FSDP's schedule, and runs as the recipe
+    from torch.distributed.tensor import Shard
+
+    from titan_autopar import manual
+
+    mesh, x = mesh_of(("dp_shard",), (4,)), (torch.zeros(4, SEQ, dtype=torch.long),)
+    model = debug_model("llama4")
+    free = plan_model(model, mesh, x, hardware="cpu", **QUIET)
+    assert {r["style"] for r in free.data["manual_regions"].values()} == {"data_parallel"}
+    assert free.recipe_schedule == "fsdp" and abs(free.data["recipe_schedule"]["gain_pct"]) < 5
+    # one block run by the user's own code (a manual region of style "user"): the recipe would
+    # not run that code as declared, so the plan keeps its program
+    moe = next(m for n, m in model.named_modules() if n.endswith(".moe"))
+    manual(moe, in_placements=[(Shard(0),)], out_placements=[(Shard(0),)])
+    mine = plan_model(model, mesh, x, hardware="cpu", **QUIET)
+    assert "user" in {r["style"] for r in mine.data["manual_regions"].values()}
+    assert mine.recipe_schedule is None

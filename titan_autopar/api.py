@@ -343,7 +343,7 @@ def plan_model(
     plan.data["recipe_schedule"] = fsdp_schedule(
         names, price, priced["fsdp"]["price"] if "fsdp" in priced else None, budget=budget,
         pinned=bool(user_pins),
-        manual=bool(jg.manual_regions),
+        manual=any(r.style != "data_parallel" for r in jg.manual_regions.values()),
         tied=any(len(names) > 1 for names in tied_names(model).values()))
     plan.data["activation_checkpointing"] = activation_checkpointing
     plan.data["cp_attention"] = cp_attention

@@ -24,7 +24,7 @@ from titan_autopar.solve.problem import itemsize, local_numel, real_numel
 
 # bumped whenever the planner would choose or price the same job differently: a run that finds
 # a plan saved by an earlier revision plans again (a plan_file the user names still replays)
-PLANNER_REVISION = 3
+PLANNER_REVISION = 4
 
 __all__ = ["Plan", "PlanError", "StalePlanError", "SCHEMA_VERSION", "build_plan", "fingerprint",
            "is_plan_file", "parse_placement", "placement_str"]

@@ -15,12 +15,12 @@ gathered weights, which leaves FSDP's two gathers per weight), the plan says so
 (`[auto_parallel] recipe_runtime`, default true), predicted as the recipe.
 
 Only where the recipe is what TorchTitan would run on this mesh and the user left the choice to
-the planner: every mesh dim data-parallel, no manual region (the MoE models' included: llama4's
-FSDP recipe, called under auto with its MoE blocks marked, ended its ranks without a Python
-frame; not yet looked into), no parameter the user pinned, no
-parameter shared between modules (TorchTitan's FSDP recipe stops on tied weights: qwen3's dense
-flavor, "shared with a parameter already managed by another FSDP group"), the recipe within the
-budget.
+the planner: every mesh dim data-parallel, no manual region with its own distributed code (a
+MoE block planned "data_parallel" -- every MoE block of a job with expert_parallel_degree = 1
+-- is what the recipe runs too: each rank routes its own tokens through experts FSDP gathers;
+a "user" or "torchtitan_ep" region is not), no parameter the user pinned, no parameter shared
+between modules (TorchTitan's FSDP recipe stops on tied weights: qwen3's dense flavor, "shared
+with a parameter already managed by another FSDP group"), the recipe within the budget.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def fsdp_schedule(names, price, recipe_price, *, budget: float, pinned: bool,
     """{"recipe": "fsdp", "gain_pct": ..., "why": ...} where the plan priced `price` is predicted
     less than MIN_GAIN faster than the fsdp recipe (priced `recipe_price`, None if it was not)
     on equal terms and the recipe fits `budget`; else None. `manual`: the plan has a manual
-    region; `tied`: the model shares a parameter between modules."""
+    region with its own distributed code; `tied`: the model shares a parameter between modules."""
     if recipe_price is None or pinned or manual or tied:
         return None
     if not set(names) <= (REPLICATE_DP | SHARD_DP):
