@@ -219,7 +219,7 @@ def cmd_ab(a) -> int:
     from titan_autopar.titan.ab import run_ab, table
 
     res = run_ab(a.config, nproc=a.nproc, steps=a.steps, out_dir=a.out, twin=a.twin,
-                 device=a.device)
+                 device=a.device, measure_now=not a.cached_profile)
     print(table(res))
     out = a.out or f"out/ab/{Path(a.config).stem}"
     print(f"[ab] wrote {out}/ab.json and {out}/ab.png")
@@ -229,6 +229,8 @@ def cmd_ab(a) -> int:
 def cmd_calibrate(a) -> int:
     import subprocess
 
+    from titan_autopar.titan.launch import calibrate_command
+
     out = Path(a.out)
     if out.is_dir():
         raise ValueError(f"--out {a.out} is a folder: give a file name such as {out / 'profile.json'}")
@@ -237,12 +239,7 @@ def cmd_calibrate(a) -> int:
         if len(sizes) != len(a.mesh.split(",")) or math.prod(sizes) != a.nproc:
             raise ValueError(f"--mesh {a.mesh}: give sizes like 2,2 whose product is --nproc "
                              f"{a.nproc}")
-    env = dict(os.environ)
-    if a.device == "cpu":
-        env.setdefault("OMP_NUM_THREADS", "1")  # as the CPU jobs run: one thread per rank
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={a.nproc}", "-m", "titan_autopar.cost.calibrate", "--out", str(out),
-           "--device", a.device] + (["--mesh", a.mesh] if a.mesh else [])
+    cmd, env = calibrate_command(a.nproc, out, a.device, a.mesh)
     print(f"[calibrate] measuring {a.nproc} {a.device} ranks (about 35 s on CPU)", flush=True)
     run = subprocess.run(cmd, env=env)
     if run.returncode != 0:
@@ -313,6 +310,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="output folder (default out/ab/<config name>)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="cpu: gloo ranks; cuda: this node's GPUs with TorchTitan's own launcher")
+    p.add_argument("--cached-profile", action="store_true", help="with hardware = \"calibrate\", "
+                   "price the auto arm with the profile cached for this machine instead of "
+                   "measuring its ranks first")
     p.set_defaults(fn=cmd_ab)
     p = sub.add_parser("calibrate", help="measure this machine's ranks and write a hardware "
                        "profile that --hardware and [auto_parallel] hardware accept")

@@ -12,7 +12,9 @@ package's config module. When an arm fails, the error is what its failing rank p
 Each arm's predicted step time sits beside its measured one: auto's from its plan, the twin's
 from the plan's price of the matching recipe (`fsdp_tp` for a twin with tensor parallelism,
 else `fsdp`). With a profile of this machine (`hardware = "calibrate"` or a profile file) the
-table gives the prediction error; with a vendor preset (e.g. h100) the predictions are for that
+table gives the prediction error (a config with `hardware = "calibrate"` has its ranks measured
+at the start of the A/B, `_measure`, so both arms are priced under the load they run in); with
+a vendor preset (e.g. h100) the predictions are for that
 hardware and are not compared with what this machine measures, which the table says.
 
 `device = "cpu"` runs the arms on CPU ranks (gloo, `titan.launch`); `device = "cuda"` with
@@ -115,7 +117,7 @@ def fresh_folder(out: Path, say=print) -> None:
 
 
 def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
-           cwd=None, say=print, device: str = "cpu") -> dict:
+           cwd=None, say=print, device: str = "cpu", measure_now: bool = True) -> dict:
     """Seed, auto arm, recipe arm, then the summary (see the module docstring). Every argument
     is checked before anything runs."""
     if device not in ("cpu", "cuda"):
@@ -144,6 +146,9 @@ def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
         twin_args = ["--parallelism.no-auto"] if _has_switch(read_toml(base / twin)) else []
     out = Path(out_dir or Path("out") / "ab" / config.stem).resolve()
     fresh_folder(out, say)
+    auto_extra = ["--parallelism.auto", "--auto_parallel.save_plan", "plan.json"]
+    if measure_now and cfg.get("auto_parallel", {}).get("hardware") == "calibrate":
+        auto_extra += ["--auto_parallel.hardware", str(_measure(out, nproc, device, cwd, say))]
     say(f"[ab] seed checkpoint (1 rank) -> {out / 'seed'}")
     run = launch(config, 1, ["--job.dump_folder", str(out / "seed"), "--checkpoint.enable",
                              "--checkpoint.create_seed_checkpoint", "--parallelism.no-auto",
@@ -156,7 +161,7 @@ def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
     seed = out / "seed" / "checkpoint" / "step-0"
     common = ["--checkpoint.enable", "--checkpoint.initial_load_path", str(seed),
               "--checkpoint.interval", str(steps + 1), "--training.steps", str(steps)]
-    arms = {"auto": (config, ["--parallelism.auto", "--auto_parallel.save_plan", "plan.json"]),
+    arms = {"auto": (config, auto_extra),
             "recipe": (Path(twin) if twin else config, twin_args)}
     figures = {}
     for name, (cfg_path, extra) in arms.items():
@@ -203,6 +208,26 @@ def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
     (out / "ab.json").write_text(json.dumps(result, indent=1))
     _plot(result, figures, out / "ab.png")
     return result
+
+
+def _measure(out: Path, nproc: int, device: str, cwd, say) -> Path:
+    """This machine's ranks measured now, into out/profile.json: an A/B compares predictions with
+    what the ranks measure during its own arms, and a profile cached hours earlier was measured
+    under another load (`hardware = "calibrate"` alone reads the cache: the demo's predictions
+    were 2.3x the measured steps with one made while the machine was busy)."""
+    import subprocess
+
+    from titan_autopar.titan.launch import calibrate_command
+
+    path = out / "profile.json"
+    say(f"[ab] measuring this machine's {nproc} {device} ranks now for the auto arm's prices "
+        f"(about 35 s on CPU; --cached-profile uses the one cached) -> {path}")
+    cmd, env = calibrate_command(nproc, path, device)
+    run = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
+    if run.returncode != 0 or not path.is_file():
+        raise RuntimeError("calibrating this machine failed; its last lines:\n"
+                           + "\n".join((run.stdout + run.stderr).splitlines()[-15:]))
+    return path
 
 
 def _plot(result: dict, figures: dict, path: Path) -> None:

@@ -3,7 +3,8 @@ what it measured.
 
 Owns `launch`: torchrun over `python -m titan_autopar.titan.cpu` (see `titan.cpu`) with
 OMP_NUM_THREADS=1, every rank's output tagged "[rankN]:", captured and optionally streamed; and
-the readers of a finished run: `parse_losses` (step -> loss from TorchTitan's log lines) and
+`calibrate_command`, the same torchrun over `titan_autopar.cost.calibrate` (what `titan-autopar
+calibrate` and `ab` run to measure the ranks); the readers of a finished run: `parse_losses` (step -> loss from TorchTitan's log lines) and
 `tensorboard_scalars` (step -> value from the run's TensorBoard event files), and `failed_rank_lines`
 (what the rank that failed first printed, instead of torchrun's summary). For tests and the A/B
 command; a person can run the same command line by hand (`torchrun_command`).
@@ -41,6 +42,21 @@ def torchrun_command(config: str | os.PathLike, nproc: int, extra_args=(),
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc_per_node={nproc}", "--role", "rank", "--tee", "3", *logs,
             "-m", ENTRY[device], "--job.config_file", str(config), *extra_args]
+
+
+def calibrate_command(nproc: int, out: str | os.PathLike, device: str = "cpu",
+                      mesh: str = "") -> tuple[list[str], dict]:
+    """(command, environment) that measures `nproc` ranks of this machine as the jobs run them
+    (CPU ranks with one thread each) and writes the profile to `out`."""
+    if nproc < 1:
+        raise ValueError(f"nproc must be at least 1, got {nproc}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", "-m", "titan_autopar.cost.calibrate", "--out", str(out),
+           "--device", device] + (["--mesh", mesh] if mesh else [])
+    env = dict(os.environ)
+    if device == "cpu":
+        env.setdefault("OMP_NUM_THREADS", "1")  # as the CPU jobs run: one thread per rank
+    return cmd, env
 
 
 def launch(config: str | os.PathLike, nproc: int = 4, extra_args=(), env=None, *,
