@@ -4,7 +4,8 @@ what it measured.
 Owns `launch`: torchrun over `python -m titan_autopar.titan.cpu` (see `titan.cpu`) with
 OMP_NUM_THREADS=1, every rank's output tagged "[rankN]:", captured and optionally streamed; and
 `calibrate_command`, the same torchrun over `titan_autopar.cost.calibrate` (what `titan-autopar
-calibrate` and `ab` run to measure the ranks); the readers of a finished run: `parse_losses` (step -> loss from TorchTitan's log lines) and
+calibrate` and `ab` run to measure the ranks); the readers of a finished run: `parse_losses`
+(step -> loss from TorchTitan's log lines) and
 `tensorboard_scalars` (step -> value from the run's TensorBoard event files), and `failed_rank_lines`
 (what the rank that failed first printed, instead of torchrun's summary). For tests and the A/B
 command; a person can run the same command line by hand (`torchrun_command`).
