@@ -22,9 +22,10 @@ demo: $(STAMP)
 	$(BIN)/titan-autopar show out/llama3_8b_64gpu.plan.json --out out/llama3_8b_64gpu.plan.png
 	# 2. A/B on 4 CPU ranks: TorchTitan's trainer on the llama3 debug model with parallelism.auto = true
 	#    against its FSDP recipe, from one seed checkpoint (table here; JSON and PNG in out/ab/);
-	#    the auto arm is priced for these ranks, measured first (hardware = "calibrate", about 35 s)
+	#    the auto arm is priced for these ranks, measured first (hardware = "calibrate", about 35 s);
+	#    3 rounds, the arms taking turns to go first, so a slow spell on this shared machine weighs on both
 	OMP_NUM_THREADS=1 $(BIN)/titan-autopar ab --config train_configs/llama3_debug_cpu_auto4.toml \
-		--twin train_configs/llama3_debug_cpu_fsdp4.toml --nproc 4 --steps 10
+		--twin train_configs/llama3_debug_cpu_fsdp4.toml --nproc 4 --steps 10 --rounds 3
 
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests

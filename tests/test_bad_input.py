@@ -312,6 +312,8 @@ def test_ab_arguments_are_checked_before_anything_runs(tmp_path, capsys):
     assert code == 2 and "--steps" in text and "must be more than 0" in text
     code, text = cli(["ab", "--config", cfg, "--nproc", "0"], capsys)
     assert code == 2 and "--nproc" in text
+    code, text = cli(["ab", "--config", cfg, "--rounds", "0"], capsys)
+    assert code == 2 and "--rounds" in text and "must be more than 0" in text
     code, text = cli(["ab", "--config", "train_configs/llama3_debug_cpu_fsdp4.toml"], capsys)
     assert code == 2 and "no [job] custom_config_module" in text
     mine = tmp_path / "results"

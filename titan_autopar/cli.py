@@ -219,7 +219,7 @@ def cmd_ab(a) -> int:
     from titan_autopar.titan.ab import run_ab, table
 
     res = run_ab(a.config, nproc=a.nproc, steps=a.steps, out_dir=a.out, twin=a.twin,
-                 device=a.device, measure_now=not a.cached_profile)
+                 device=a.device, measure_now=not a.cached_profile, rounds=a.rounds)
     print(table(res))
     out = a.out or f"out/ab/{Path(a.config).stem}"
     print(f"[ab] wrote {out}/ab.json and {out}/ab.png")
@@ -308,6 +308,8 @@ def main(argv=None) -> int:
     p.add_argument("--nproc", type=_positive(int), default=4)
     p.add_argument("--steps", type=_positive(int), default=20)
     p.add_argument("--out", default=None, help="output folder (default out/ab/<config name>)")
+    p.add_argument("--rounds", type=_positive(int), default=1, help="run each arm this many "
+                   "times, taking turns to go first; figures are medians over the rounds")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="cpu: gloo ranks; cuda: this node's GPUs with TorchTitan's own launcher")
     p.add_argument("--cached-profile", action="store_true", help="with hardware = \"calibrate\", "

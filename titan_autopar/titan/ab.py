@@ -2,20 +2,24 @@
 
 `run_ab` writes one seed checkpoint (TorchTitan's `create_seed_checkpoint`, one rank), then
 trains the job twice from it on the same data: under auto, and with its expert twin (another
-config given as `twin`, or by default the same config with `auto = false`, i.e. TorchTitan's
-own recipe for the same degrees). It reads rank 0's per-step figures from TorchTitan's log
-(loss, tokens/s, peak memory), sets them side by side with the plan's predictions, and writes
-`ab.json` and `ab.png` (loss curves and throughput) into the output folder, which each A/B
-starts empty (`fresh_folder`). The twin may be any TorchTitan config, with or without this
-package's config module. When an arm fails, the error is what its failing rank printed.
+config given as `twin`, or by default the same config with `auto = false`, i.e. TorchTitan's own
+recipe for the same degrees). With `rounds` > 1 each arm runs that many times, the arms taking
+turns to go first (`round_order`); each arm's figures are the median over its rounds and auto
+over the recipe is the median of the ratio within a round (`over_rounds`, `auto_over_recipe`),
+so a shared machine's slow spell does not decide the A/B. It reads rank 0's per-step figures
+from TorchTitan's log (loss, tokens/s, peak memory), sets them side by side with the plan's
+predictions, and writes `ab.json` and `ab.png` (loss curves and throughput) into the output
+folder, which each A/B starts empty (`fresh_folder`). The twin may be any TorchTitan config,
+with or without this package's config module. When an arm fails, the error is what its failing
+rank printed.
 
 Each arm's predicted step time sits beside its measured one: auto's from its plan, the twin's
-from the plan's price of the matching recipe (`fsdp_tp` for a twin with tensor parallelism,
-else `fsdp`). With a profile of this machine (`hardware = "calibrate"` or a profile file) the
-table gives the prediction error (a config with `hardware = "calibrate"` has its ranks measured
-at the start of the A/B, `_measure`, so both arms are priced under the load they run in); with
-a vendor preset (e.g. h100) the predictions are for that
-hardware and are not compared with what this machine measures, which the table says.
+from the plan's price of the matching recipe (`fsdp_tp` for a twin with tensor parallelism, else
+`fsdp`). With a profile of this machine (`hardware = "calibrate"` or a profile file) the table
+gives the prediction error (a config with `hardware = "calibrate"` has its ranks measured at the
+start of the A/B, `_measure`, so both arms are priced under the load they run in); with a vendor
+preset (e.g. h100) the predictions are for that hardware and are not compared with what this
+machine measures, which the table says.
 
 `device = "cpu"` runs the arms on CPU ranks (gloo, `titan.launch`); `device = "cuda"` with
 TorchTitan's own entry point (`torchrun -m torchtitan.train`, NCCL) on the GPUs of this node.
@@ -93,6 +97,44 @@ def _has_switch(cfg: dict) -> bool:
 
 ARM_FOLDERS = ("seed", "auto", "recipe")
 ARM_FILES = ("ab.json", "ab.png")
+_LATER_ROUND = re.compile(r"^(auto|recipe)_round\d+$")
+
+
+def round_order(r: int) -> tuple[str, str]:
+    """Rounds alternate which arm runs first (auto, recipe, then recipe, auto, ...), so a load
+    that rises or falls over the A/B weighs on both arms alike."""
+    return ("auto", "recipe") if r % 2 == 0 else ("recipe", "auto")
+
+
+def arm_folder(name: str, r: int) -> str:
+    """Each run its own dump folder: a second run in the first's would resume from its last
+    checkpoint and train nothing."""
+    return name if r == 0 else f"{name}_round{r + 1}"
+
+
+def over_rounds(summaries: list[dict]) -> dict:
+    """One arm's figures over its rounds: the median of tokens/s and step time, the highest
+    peak memory, the first round's final loss (every round starts from the same seed), and each
+    round's step time with their spread (max - min over the median, in percent)."""
+    first = dict(summaries[0])
+    steps = [s["step_time_s"] for s in summaries]
+    first["tokens_per_s_per_rank"] = round(
+        statistics.median(s["tokens_per_s_per_rank"] for s in summaries), 1)
+    first["peak_memory_gib"] = max(s["peak_memory_gib"] for s in summaries)
+    first["rounds_tokens_per_s_per_rank"] = [s["tokens_per_s_per_rank"] for s in summaries]
+    if all(steps):
+        first["step_time_s"] = round(statistics.median(steps), 4)
+        first["rounds_step_time_s"] = steps
+        first["rounds_spread_pct"] = round(100 * (max(steps) - min(steps)) / first["step_time_s"], 1)
+    return first
+
+
+def auto_over_recipe(auto: dict, recipe: dict) -> float | None:
+    """Auto's tokens/s per rank over the recipe's: the median over rounds of the ratio within a
+    round (its two runs back to back, so the load between rounds cancels)."""
+    ratios = [a / r for a, r in zip(auto["rounds_tokens_per_s_per_rank"],
+                                    recipe["rounds_tokens_per_s_per_rank"]) if r]
+    return round(statistics.median(ratios), 3) if ratios else None
 
 
 def fresh_folder(out: Path, say=print) -> None:
@@ -106,7 +148,8 @@ def fresh_folder(out: Path, say=print) -> None:
     entries = list(out.iterdir())
     if not entries:
         return
-    foreign = [e.name for e in entries if e.name not in ARM_FOLDERS + ARM_FILES]
+    foreign = [e.name for e in entries
+               if e.name not in ARM_FOLDERS + ARM_FILES and not _LATER_ROUND.match(e.name)]
     if foreign:
         raise ValueError(f"{out} holds files an A/B did not write ({', '.join(sorted(foreign)[:5])}):"
                          " refusing to clear it. Give another --out, or empty it")
@@ -117,7 +160,8 @@ def fresh_folder(out: Path, say=print) -> None:
 
 
 def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
-           cwd=None, say=print, device: str = "cpu", measure_now: bool = True) -> dict:
+           cwd=None, say=print, device: str = "cpu", measure_now: bool = True,
+           rounds: int = 1) -> dict:
     """Seed, auto arm, recipe arm, then the summary (see the module docstring). Every argument
     is checked before anything runs."""
     if device not in ("cpu", "cuda"):
@@ -132,6 +176,8 @@ def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
         raise ValueError(f"--nproc {nproc}: give the number of CPU ranks, at least 1")
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"--steps {steps}: give the number of training steps, at least 1")
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"--rounds {rounds}: give how many times to run each arm, at least 1")
     config = Path(config)
     base = Path(cwd or ".")
     cfg = read_toml(base / config)
@@ -163,23 +209,29 @@ def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
               "--checkpoint.interval", str(steps + 1), "--training.steps", str(steps)]
     arms = {"auto": (config, auto_extra),
             "recipe": (Path(twin) if twin else config, twin_args)}
-    figures = {}
-    for name, (cfg_path, extra) in arms.items():
-        say(f"[ab] {name}: {cfg_path}, {steps} steps on {nproc} ranks")
-        run = launch(cfg_path, nproc, ["--job.dump_folder", str(out / name), *common, *extra],
-                     cwd=cwd, stream=False, device=device)
-        _check(run, name)
-        figures[name] = step_figures(run.stdout)
-        if not figures[name]:
-            raise RuntimeError(f"the {name} run printed no step figures on rank 0 (with pp > 1 "
-                               "the loss is printed by the last stage); its last lines:\n"
-                               + "\n".join(run.stdout.splitlines()[-15:]))
+    figures: dict[str, list[dict]] = {"auto": [], "recipe": []}
+    for r in range(rounds):
+        for name in round_order(r):
+            cfg_path, extra = arms[name]
+            folder = arm_folder(name, r)
+            say(f"[ab] {name}{f' (round {r + 1} of {rounds})' if rounds > 1 else ''}: "
+                f"{cfg_path}, {steps} steps on {nproc} ranks")
+            run = launch(cfg_path, nproc, ["--job.dump_folder", str(out / folder), *common,
+                                           *extra], cwd=cwd, stream=False, device=device)
+            _check(run, name)
+            fig = step_figures(run.stdout)
+            if not fig:
+                raise RuntimeError(f"the {name} run printed no step figures on rank 0 (with pp > 1 "
+                                   "the loss is printed by the last stage); its last lines:\n"
+                                   + "\n".join(run.stdout.splitlines()[-15:]))
+            figures[name].append(fig)
     tokens = _tokens_per_step(cfg)
     twin_cfg = read_toml(base / twin) if twin else cfg
     plan = json.loads((out / "auto" / "plan.json").read_text())
     recipe = twin_recipe(twin_cfg)
-    auto_s = _summary(figures["auto"], tokens, _model_parallel(cfg))
-    rec_s = _summary(figures["recipe"], _tokens_per_step(twin_cfg), _model_parallel(twin_cfg))
+    auto_s = over_rounds([_summary(f, tokens, _model_parallel(cfg)) for f in figures["auto"]])
+    rec_s = over_rounds([_summary(f, _tokens_per_step(twin_cfg), _model_parallel(twin_cfg))
+                         for f in figures["recipe"]])
     measured_here = bool(plan["hardware"].get("profile"))
     runs_recipe = bool(plan.get("recipe_schedule")) and \
         cfg.get("auto_parallel", {}).get("recipe_runtime", True)
@@ -193,7 +245,8 @@ def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
     result = {
         "config": str(config), "twin": str(twin or f"{config} with auto = false"),
         "ranks": nproc, "steps": steps, "device": device,
-        "auto": auto_s, "recipe": rec_s,
+        "rounds": rounds, "auto": auto_s, "recipe": rec_s,
+        "auto_over_recipe": auto_over_recipe(auto_s, rec_s),
         "predicted": {"hardware": plan["hardware"].get("name"),
                       "profile": plan["hardware"].get("profile", ""),
                       "twin_recipe": recipe,
@@ -202,11 +255,12 @@ def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
                       else None,
                       "auto_peak_memory_gib": auto_pred["peak_memory_gib"],
                       "recipes_step_time_s": {k: v["step_time_s"] for k, v in plan["recipes"].items()}},
-        "loss": {name: {s: f["loss"] for s, f in sorted(fig.items())} for name, fig in figures.items()},
+        "loss": {name: {s: f["loss"] for s, f in sorted(figs[0].items())}
+                 for name, figs in figures.items()},
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "ab.json").write_text(json.dumps(result, indent=1))
-    _plot(result, figures, out / "ab.png")
+    _plot(result, {name: figs[0] for name, figs in figures.items()}, out / "ab.png")
     return result
 
 
@@ -276,7 +330,14 @@ def table(result: dict) -> str:
         pct = lambda v: None if v is None else f"{v:+.1f}%"  # noqa: E731
         rows.append(("prediction error", pct(a.get("prediction_error_pct")),
                      pct(r.get("prediction_error_pct"))))
+    if result.get("rounds", 1) > 1:
+        rows.append(("spread over rounds", f"{a.get('rounds_spread_pct')}%", f"{r.get('rounds_spread_pct')}%"))
     lines = [f"{k:<20}{x!s:>14}{y!s:>14}" for k, x, y in rows]
+    if result.get("auto_over_recipe") is not None:
+        n = result.get("rounds", 1)
+        lines.append(f"auto over recipe: {result['auto_over_recipe']:.3f}x tokens/s per rank"
+                     + (f" (median over {n} rounds of the ratio within a round)" if n > 1 else
+                        " (one run each: on a shared machine, --rounds 3 gives a steadier figure)"))
     lines.append("loss per step:")
     for s, la in result["loss"]["auto"].items():
         lr = result["loss"]["recipe"].get(s)
