@@ -295,19 +295,27 @@ def _plot(result: dict, figures: dict, path: Path) -> None:
         steps = sorted(f)
         a.plot(steps, [f[s]["loss"] for s in steps], marker="o", label=name)
         b.plot(steps, [f[s]["tps"] for s in steps], marker="o", label=name)
-    a.set(xlabel="step", ylabel="loss", title="loss")
-    b.set(xlabel="step", ylabel="tokens/s per rank", title="throughput")
+    n = result.get("rounds", 1)
+    first = f" (round 1 of {n})" if n > 1 else ""
+    a.set(xlabel="step", ylabel="loss", title="loss" + first)
+    b.set(xlabel="step", ylabel="tokens/s per rank", title="throughput" + first)
     a.legend()
     b.legend()
     arms = ("auto", "recipe")
     x = range(len(arms))
     meas = [result[k]["step_time_s"] or 0.0 for k in arms]
     pred = [result[k].get("predicted_step_time_s") or 0.0 for k in arms]
-    c.bar([i - 0.2 for i in x], meas, width=0.4, label="measured")
+    c.bar([i - 0.2 for i in x], meas, width=0.4,
+          label="measured" + (f" (median of {n} rounds; dots: each round)" if n > 1 else ""))
+    if n > 1:
+        for i, k in enumerate(arms):
+            each = result[k].get("rounds_step_time_s") or []
+            c.scatter([i - 0.2] * len(each), each, color="black", s=12, zorder=3)
     c.bar([i + 0.2 for i in x], pred, width=0.4, label=f"predicted ({result['predicted']['hardware']})")
     c.set_xticks(list(x), arms)
     c.set(ylabel="seconds per step", title="step time: predicted against measured")
-    c.set_ylim(0, 1.35 * max(meas + pred + [1e-9]))
+    tops = meas + pred + [t for k in arms for t in result[k].get("rounds_step_time_s") or []]
+    c.set_ylim(0, 1.35 * max(tops + [1e-9]))
     c.legend(loc="upper right")
     fig.suptitle(f"{result['config']}: auto vs recipe, {result['ranks']} ranks")
     fig.tight_layout()
