@@ -1,7 +1,8 @@
 """Real multi-process runs for tests: gloo on CPU, one spawned process per rank.
 
 `run_ranks(fn, world_size, *args)` starts `world_size` processes, each with a gloo process
-group, calls `fn(rank, *args)` in each and re-raises the first failure with its traceback.
+group, calls `fn(rank, *args)` in each and re-raises the first failure with its traceback. A
+rank that finished leaves with `os._exit(0)`, past the interpreter's teardown (see `_entry`).
 Workers report numbers by writing JSON (rank 0) into a directory the test then reads.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 
 import torch
@@ -32,6 +34,14 @@ def _entry(rank: int, fn, world_size: int, port: int, args: tuple) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    # Done, results written: leave without the interpreter's teardown. Objects such as device
+    # meshes keep gloo's process group alive past destroy_process_group, and its threads can
+    # still hold tensors when the interpreter frees them, which aborts the rank ("terminate
+    # called without an active exception"; seen once in a suite, on rank 0 of a ring-attention
+    # parity run after its figures were written). That is a torch teardown race, not a result.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_ranks(fn, world_size: int, *args) -> None:
