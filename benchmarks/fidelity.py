@@ -54,7 +54,7 @@ import time
 from pathlib import Path
 
 from titan_autopar.plan import Plan
-from titan_autopar.titan.ab import step_figures
+from titan_autopar.titan.ab import round_spread_pct, step_figures, within_round_ratio
 from titan_autopar.titan.config_check import read_toml
 from titan_autopar.titan.launch import failed_rank_lines, launch
 
@@ -137,7 +137,7 @@ def paired_ratio(auto: dict, best: dict) -> float:
     a, b = auto.get("measured_runs_tps", []), best.get("measured_runs_tps", [])
     if not a or len(a) != len(b):
         return auto["measured_tps"] / best["measured_tps"]
-    return statistics.median(x / y for x, y in zip(a, b))
+    return within_round_ratio(a, b)
 
 
 def predict_2x2(job: Path, profile: Path, out: Path) -> dict:
@@ -236,7 +236,7 @@ def main() -> int:
                 r["measured_tps"] = statistics.median(m[1] for m in runs[arm])
                 r["measured_runs_s"] = [round(x, 4) for x in steps]
                 r["measured_runs_tps"] = [round(m[1], 2) for m in runs[arm]]
-                r["spread_pct"] = round(100 * (max(steps) - min(steps)) / r["measured_step_s"], 1)
+                r["spread_pct"] = round_spread_pct(steps, r["measured_step_s"])
             row["arms"][arm] = r
         plan = json.loads((d / "auto" / "plan.json").read_text()) if (d / "auto" / "plan.json").exists() else None
         if plan:

@@ -112,6 +112,18 @@ def arm_folder(name: str, r: int) -> str:
     return name if r == 0 else f"{name}_round{r + 1}"
 
 
+def within_round_ratio(a: list[float], b: list[float]) -> float | None:
+    """The median over rounds of a / b in the same round (two runs back to back, under one
+    load), so the machine's drift between rounds cancels; None if no round pairs up."""
+    ratios = [x / y for x, y in zip(a, b) if y]
+    return statistics.median(ratios) if ratios else None
+
+
+def round_spread_pct(values: list[float], middle: float) -> float:
+    """How far one arm's rounds lie apart: (max - min) / their median, in percent."""
+    return round(100 * (max(values) - min(values)) / middle, 1)
+
+
 def over_rounds(summaries: list[dict]) -> dict:
     """One arm's figures over its rounds: the median of tokens/s and step time, the highest
     peak memory, the first round's final loss (every round starts from the same seed), and each
@@ -125,16 +137,15 @@ def over_rounds(summaries: list[dict]) -> dict:
     if all(steps):
         first["step_time_s"] = round(statistics.median(steps), 4)
         first["rounds_step_time_s"] = steps
-        first["rounds_spread_pct"] = round(100 * (max(steps) - min(steps)) / first["step_time_s"], 1)
+        first["rounds_spread_pct"] = round_spread_pct(steps, first["step_time_s"])
     return first
 
 
 def auto_over_recipe(auto: dict, recipe: dict) -> float | None:
-    """Auto's tokens/s per rank over the recipe's: the median over rounds of the ratio within a
-    round (its two runs back to back, so the load between rounds cancels)."""
-    ratios = [a / r for a, r in zip(auto["rounds_tokens_per_s_per_rank"],
-                                    recipe["rounds_tokens_per_s_per_rank"]) if r]
-    return round(statistics.median(ratios), 3) if ratios else None
+    """Auto's tokens/s per rank over the recipe's, within rounds (`within_round_ratio`)."""
+    ratio = within_round_ratio(auto["rounds_tokens_per_s_per_rank"],
+                               recipe["rounds_tokens_per_s_per_rank"])
+    return None if ratio is None else round(ratio, 3)
 
 
 def fresh_folder(out: Path, say=print) -> None:
