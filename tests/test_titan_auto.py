@@ -9,7 +9,7 @@
 - mixed_precision_param = "bfloat16" under auto follows the recipe's bf16 run.
 - cp=2 under auto (ring attention) follows TorchTitan's CP recipe (its own ring attention).
 - pp=2 under auto: each pipeline stage is planned on its own and trains like the recipe's pp=2.
-- Held to the FSDP recipe's peak, the plan gains nothing over FSDP's schedule and runs as the
+- Held to the FSDP recipe's peak, the plan gains nothing over FSDP's recipe and runs as the
   recipe (its losses to the digit); with recipe_runtime = false the plan's program runs it.
 - The MoE debug model deepseek_v3 trains under auto without expert parallelism (its MoE blocks
   are data-parallel manual regions); with expert parallelism, and llama4 and qwen3, see
@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 FSDP = "train_configs/llama3_debug_cpu_fsdp4.toml"
 AUTO = "train_configs/llama3_debug_cpu_auto4.toml"
 LOSS_TOL = 2e-4
-# the plan's own program even where it gains too little over FSDP's schedule (which would run the
+# the plan's own program even where it gains too little over FSDP's recipe (which would run the
 # recipe): what a test of the program runs, whatever this machine's calibration predicts
 PROGRAM = ["--auto_parallel.no-recipe_runtime"]
 
@@ -233,7 +233,7 @@ def test_mixed_precision_under_auto_follows_the_recipe(trained):
 
 def test_a_plan_that_is_fsdps_schedule_runs_as_the_recipe(trained):
     """Held to the FSDP recipe's own peak (+2%) there is no room to keep gathered weights: the
-    plan gains nothing over FSDP's schedule, and TorchTitan runs the recipe -- from the same seed, the
+    plan gains nothing over FSDP's recipe, and TorchTitan runs the recipe -- from the same seed, the
     recipe's losses to the digit. With recipe_runtime = false the plan's own program runs it,
     within the usual tolerance."""
     import subprocess

@@ -24,7 +24,7 @@ from titan_autopar.solve.problem import itemsize, local_numel, real_numel
 
 # bumped whenever the planner would choose or price the same job differently: a run that finds
 # a plan saved by an earlier revision plans again (a plan_file the user names still replays)
-PLANNER_REVISION = 4
+PLANNER_REVISION = 5
 
 __all__ = ["Plan", "PlanError", "StalePlanError", "SCHEMA_VERSION", "build_plan", "fingerprint",
            "is_plan_file", "parse_placement", "placement_str"]
@@ -134,7 +134,7 @@ class Plan:
 
     @property
     def recipe_schedule(self) -> str | None:
-        """"fsdp" where the plan is predicted no faster than FSDP's own schedule
+        """"fsdp" where the plan is predicted less than 5% faster than the FSDP recipe
         (`solve/recipe_schedule.py`): TorchTitan's switch then runs that recipe by default;
         else None."""
         rs = self.data.get("recipe_schedule")

@@ -38,7 +38,8 @@ measured on more than one GPU).
 The FSDP2 figure becomes `Hardware.fsdp_group_overhead`, which prices TorchTitan's recipes (each
 block and the root a group: `api.py`); the TP figure becomes `Hardware.tp_linear_overhead`, which
 prices the fsdp_tp recipe (each matrix of the model a tensor-parallel module). Auto's plans run
-their own program of local ops (`apply/`), with neither runtime.
+their own program of local ops (`apply/`), with neither runtime: what it costs beyond its ops
+and collectives is their launch floor and the in-step overhead above.
 """
 
 from __future__ import annotations
