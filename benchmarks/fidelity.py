@@ -15,7 +15,11 @@ Measured step time: the median over steps 2..N of rank 0's TorchTitan figures (l
 fsdp_tp), so that each arm takes each place once: the machine's drift and a slow spell of a few
 minutes fall on every arm alike (alternating orders put one arm twice in the middle, where one
 slow spell once cost auto 10% against FSDP); an arm's figure is the median over its rounds, and
-its rounds' spread ((max - min) / median) is kept beside it. Predicted: the auto plan's own step, its `recipes.fsdp`,
+its rounds' spread ((max - min) / median) is kept beside it. Every run's output is kept in
+<out>/<config>/<arm>/round<N>.log. A run that fails loses its round, not its arm: the arm's
+figures are over the rounds that ran, and the ratio within a round pairs only rounds where both
+arms ran (a trainer rank once aborted in one round of the plain FSDP recipe); an arm that failed
+twice is not run again (qwen3's recipes stop in TorchTitan itself). Predicted: the auto plan's own step, its `recipes.fsdp`,
 and `recipes.fsdp_tp` of the same job planned on the 2x2 mesh (`titan-autopar plan --config`),
 all with the calibrated profile. Throughput is tokens/s per device (TorchTitan's tps).
 
@@ -29,7 +33,10 @@ Prints a table per config and one JSON line:
                               measured order of that pair is noise)
   auto_over_best_recipe_min/max  auto's measured throughput / the best recipe's (the one with
                               the higher median), over configs: per config, the median over
-                              rounds of the ratio within a round (`paired_ratio`)
+                              rounds of the ratio within a round (`paired_ratio`); only over
+                              configs where both recipes ran: where one failed in every round,
+                              the best of the two is not known (`configs_recipe_failed`)
+  rounds_failed               config/arm/round of each run that failed (its log kept)
   repeat_spread_pct_median/max  how far one arm's rounds lie apart (the noise floor: differences
                               between arms smaller than this are not resolved)
   targets                     mape <= 20, rank_agreement >= 0.8, min >= 0.98, >= 2 configs >= 1.05
@@ -53,6 +60,7 @@ import sys
 import time
 from pathlib import Path
 
+from titan_autopar.files import write_atomic
 from titan_autopar.plan import Plan
 from titan_autopar.titan.ab import round_spread_pct, step_figures, within_round_ratio
 from titan_autopar.titan.config_check import read_toml
@@ -133,11 +141,30 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
 def paired_ratio(auto: dict, best: dict) -> float:
     """Auto's throughput over the best recipe's: the median over rounds of the two arms' ratio in
     the same round (run minutes apart, under the same load), so that the machine's drift between
-    rounds cancels; the ratio of the medians where the rounds do not pair up (an arm lost one)."""
+    rounds cancels; a round where either run failed (None) does not pair. The ratio of the
+    medians where no round pairs up."""
     a, b = auto.get("measured_runs_tps", []), best.get("measured_runs_tps", [])
-    if not a or len(a) != len(b):
-        return auto["measured_tps"] / best["measured_tps"]
-    return within_round_ratio(a, b)
+    paired = within_round_ratio(a, b) if len(a) == len(b) else None
+    return paired if paired is not None else auto["measured_tps"] / best["measured_tps"]
+
+
+def arm_row(runs: list, failures: list[dict]) -> dict:
+    """One arm's figures over its rounds: `runs` holds (step s, tokens/s) or None (that round's
+    run failed) per round, `failures` what each failed run said and where its log is."""
+    ok = [m for m in runs if m is not None]
+    r = {"ok": bool(ok)}
+    if failures:
+        r["failed_rounds"] = failures
+    if not ok:
+        r["error"] = failures[-1]["error"] if failures else "not run"
+        return r
+    steps = [m[0] for m in ok]
+    r["measured_step_s"] = round(statistics.median(steps), 4)
+    r["measured_tps"] = statistics.median(m[1] for m in ok)
+    r["measured_runs_s"] = [None if m is None else round(m[0], 4) for m in runs]
+    r["measured_runs_tps"] = [None if m is None else round(m[1], 2) for m in runs]
+    r["spread_pct"] = round_spread_pct(steps, r["measured_step_s"])
+    return r
 
 
 def predict_2x2(job: Path, profile: Path, out: Path) -> dict:
@@ -204,40 +231,33 @@ def main() -> int:
         except RuntimeError as e:
             pred_tp = None
             say(str(e).splitlines()[0])
-        runs = {arm: [] for arm in ARMS}
-        errors = {}
+        runs = {arm: [None] * a.repeats for arm in ARMS}
+        failures = {arm: [] for arm in ARMS}
         # the first round plans afresh (a plan an earlier run of this folder saved would be
         # reused by the trainer when made by the same planner revision); the later ones reuse it
         (d / "auto" / "plan.json").unlink(missing_ok=True)
         for rnd in range(a.repeats):  # rounds in rotated order: each arm in each place once
             for arm in list(ARMS)[rnd % 3:] + list(ARMS)[:rnd % 3]:
-                if arm in errors:
+                if len(failures[arm]) >= 2:  # it fails for a reason of its own
                     continue
                 say(f"{name}: {arm}, {a.steps} steps on 4 ranks (round {rnd + 1}/{a.repeats})")
                 folder = d / arm
                 run = launch(job, 4, ["--job.dump_folder", str(folder), "--training.steps",
                                       str(a.steps), *ARMS[arm]], cwd=REPO, stream=False, timeout=1200)
+                log = write_atomic(folder / f"round{rnd + 1}.log", run.stdout)
                 tp = 2 if arm == "fsdp_tp" else 1
                 m = measured_step(run.stdout, lb * seq, tp) if run.returncode == 0 else None
                 if m is None:
-                    errors[arm] = failed_rank_lines(run.stdout)[-600:]
-                    lines = errors[arm].splitlines() or [""]
-                    say(f"{name}: {arm} failed: "
+                    error = failed_rank_lines(run.stdout)[-600:]
+                    failures[arm].append({"round": rnd + 1, "returncode": run.returncode,
+                                          "error": error, "log": str(log.relative_to(out))})
+                    lines = error.splitlines() or [""]
+                    say(f"{name}: {arm} failed in round {rnd + 1} (log {log}): "
                         + next((x for x in reversed(lines) if "Error" in x), lines[-1]))
                 else:
-                    runs[arm].append(m)
+                    runs[arm][rnd] = m
         for arm in ARMS:
-            r = {"ok": arm not in errors and bool(runs[arm])}
-            if not r["ok"]:
-                r["error"] = errors.get(arm, "")
-            else:
-                steps = [m[0] for m in runs[arm]]
-                r["measured_step_s"] = round(statistics.median(steps), 4)
-                r["measured_tps"] = statistics.median(m[1] for m in runs[arm])
-                r["measured_runs_s"] = [round(x, 4) for x in steps]
-                r["measured_runs_tps"] = [round(m[1], 2) for m in runs[arm]]
-                r["spread_pct"] = round_spread_pct(steps, r["measured_step_s"])
-            row["arms"][arm] = r
+            row["arms"][arm] = arm_row(runs[arm], failures[arm])
         plan = json.loads((d / "auto" / "plan.json").read_text()) if (d / "auto" / "plan.json").exists() else None
         if plan:
             # what ran: a plan that gains too little over FSDP's schedule runs as that recipe
@@ -259,10 +279,10 @@ def main() -> int:
         say(f"{name}: " + "  ".join(
             f"{arm} measured {r.get('measured_step_s', float('nan')):.3f}s predicted "
             f"{r.get('predicted_step_s', float('nan')):.3f}s" for arm, r in row["arms"].items()))
-        (out / "rows.json").write_text(json.dumps(rows, indent=1))
+        write_atomic(out / "rows.json", json.dumps(rows, indent=1))
     order = [m[0] for m in MATRIX]
     rows.sort(key=lambda r: order.index(r["config"]))
-    (out / "rows.json").write_text(json.dumps(rows, indent=1))
+    write_atomic(out / "rows.json", json.dumps(rows, indent=1))
     return report(rows, profile)
 
 
@@ -289,7 +309,7 @@ def report(rows: list[dict], profile: Path) -> int:
             taus.append(tau)
             agree.append(tau == 1.0)
         rec = [k for k in ("fsdp", "fsdp_tp") if arms[k].get("ok")]
-        if arms["auto"].get("ok") and rec:
+        if arms["auto"].get("ok") and len(rec) == 2:
             best = max(rec, key=lambda k: arms[k]["measured_tps"])
             ratios[row["config"]] = paired_ratio(arms["auto"], arms[best])
     res = {
@@ -302,6 +322,11 @@ def report(rows: list[dict], profile: Path) -> int:
         "auto_over_best_recipe": {k: round(v, 3) for k, v in ratios.items()},
         "configs_auto_at_least_1.05": sum(v >= 1.05 for v in ratios.values()),
         "arms_failed": [f"{r['config']}/{k}" for r in rows for k, x in r["arms"].items() if not x["ok"]],
+        "rounds_failed": [f"{r['config']}/{k}/round{f['round']}" for r in rows
+                          for k, x in r["arms"].items() for f in x.get("failed_rounds", [])],
+        # auto ran but a recipe failed in every round: which recipe is best is not known
+        "configs_recipe_failed": [r["config"] for r in rows if r["arms"]["auto"].get("ok") and not
+                                  all(r["arms"][k].get("ok") for k in ("fsdp", "fsdp_tp"))],
         # how far one arm's rounds lie apart: differences between arms below this are noise
         "repeat_spread_pct_median": round(statistics.median(spreads), 1) if spreads else None,
         "repeat_spread_pct_max": round(max(spreads), 1) if spreads else None,

@@ -114,8 +114,9 @@ def arm_folder(name: str, r: int) -> str:
 
 def within_round_ratio(a: list[float], b: list[float]) -> float | None:
     """The median over rounds of a / b in the same round (two runs back to back, under one
-    load), so the machine's drift between rounds cancels; None if no round pairs up."""
-    ratios = [x / y for x, y in zip(a, b) if y]
+    load), so the machine's drift between rounds cancels; a round where either has no figure
+    (None or 0: that run failed) does not pair; None if no round pairs up."""
+    ratios = [x / y for x, y in zip(a, b) if x and y]
     return statistics.median(ratios) if ratios else None
 
 

@@ -3,7 +3,8 @@
     torchrun --nproc_per_node=4 -m titan_autopar.titan.cpu --job.config_file X.toml [overrides]
 
 applies the patches, registers the tiny dataset (`titan.data`), builds the tiny assets the job
-names, then runs `torchtitan.train.main(Trainer)` on the same command line. Nothing else in this
+names, then runs `torchtitan.train.main(Trainer)` on the same command line, and ends a rank that
+trained with `os._exit(0)` (`_leave`). Nothing else in this
 package patches torch or TorchTitan. `apply_cpu_patches` refuses to run where CUDA is available,
 so none of this is ever active on a GPU run. Each patch is the smallest change that made
 TorchTitan 0.2.2 / torch 2.13 train on CPU, and each was seen to be needed (see `PATCHES`).
@@ -236,7 +237,8 @@ def main() -> None:
     """Entry point: patch, register the tiny dataset, build its assets, run TorchTitan's trainer
     on `sys.argv[1:]` (TorchTitan's config manager reads the command line itself). A config or
     plan error (a ValueError: it says what to change) ends the rank with that message and exit
-    code 2, not a traceback; TITAN_AUTOPAR_TRACEBACK=1 shows the traceback too."""
+    code 2, not a traceback; TITAN_AUTOPAR_TRACEBACK=1 shows the traceback too. A rank whose
+    training finished leaves through `_leave`."""
     apply_cpu_patches()
     from torchtitan.config import ConfigManager
 
@@ -260,6 +262,24 @@ def main() -> None:
             raise
         print(f"titan_autopar: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
+    _leave()
+
+
+def _leave() -> None:
+    """End a rank whose training finished without the interpreter's teardown. TorchTitan's main
+    has closed the trainer (checkpointer, metrics) and destroyed the process group, but device
+    meshes keep gloo's process group alive, and freeing it in the teardown can race its
+    threads and abort a rank whose work is done ("terminate called without an active
+    exception"), which fails the whole torchrun: seen in the test harness, which ends its ranks
+    the same way (tests/dist_harness.py). Two of 72 trainer runs of benchmarks/fidelity.py (one
+    of them the plain FSDP recipe) aborted with "Fatal Python error: Aborted"; fidelity keeps
+    each run's log, to tell whether such an abort came at exit."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
