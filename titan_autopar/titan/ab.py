@@ -97,7 +97,8 @@ def _has_switch(cfg: dict) -> bool:
 
 ARM_FOLDERS = ("seed", "auto", "recipe")
 ARM_FILES = ("ab.json", "ab.png")
-_LATER_ROUND = re.compile(r"^(auto|recipe)_round\d+$")
+_ROUND = "_round"  # a later round's folder: the arm's name, _round, its number
+_LATER_ROUND = re.compile(rf"^(auto|recipe){_ROUND}\d+$")
 
 
 def round_order(r: int) -> tuple[str, str]:
@@ -109,7 +110,7 @@ def round_order(r: int) -> tuple[str, str]:
 def arm_folder(name: str, r: int) -> str:
     """Each run its own dump folder: a second run in the first's would resume from its last
     checkpoint and train nothing."""
-    return name if r == 0 else f"{name}_round{r + 1}"
+    return name if r == 0 else f"{name}{_ROUND}{r + 1}"
 
 
 def within_round_ratio(a: list[float], b: list[float]) -> float | None:
