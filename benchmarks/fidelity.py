@@ -35,7 +35,14 @@ Prints a table per config and one JSON line:
                               the higher median), over configs: per config, the median over
                               rounds of the ratio within a round (`paired_ratio`); only over
                               configs where both recipes ran: where one failed in every round,
-                              the best of the two is not known (`configs_recipe_failed`)
+                              the best of the two is not known (`configs_recipe_failed`).
+                              Where auto's plan runs as a recipe (`recipe_schedule`) and its
+                              runs were that recipe's program -- every auto run logged that it
+                              ran the recipe, and trained to the recipe's losses, each step to
+                              the digit (`same_program`) -- the two arms are samples of one
+                              program: auto's throughput is that recipe's (1.0 where it is the
+                              best), and the ratio as measured, which is the noise between two
+                              samples of one program, is kept in `same_program_as_measured`
   rounds_failed               config/arm/round of each run that failed (its log kept)
   repeat_spread_pct_median/max  how far one arm's rounds lie apart (the noise floor: differences
                               between arms smaller than this are not resolved)
@@ -44,6 +51,8 @@ Prints a table per config and one JSON line:
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fidelity.py [--steps 6] [--only llama3_s256_b2]
     # run some configs again, keeping the others' rows and the same profile:
     ... fidelity.py --profile out/fidelity/profile.json --resume --only A --only B
+    # the table and the JSON line again, from a finished run's folder:
+    ... fidelity.py --report [--out out/fidelity]
 
 About 10 minutes per round on 2 cores (30 for the default three rounds). The profile is left in out/fidelity/profile.json.
 """
@@ -54,6 +63,7 @@ import argparse
 import itertools
 import json
 import math
+import re
 import statistics
 import subprocess
 import sys
@@ -64,7 +74,8 @@ from titan_autopar.files import write_atomic
 from titan_autopar.plan import Plan
 from titan_autopar.titan.ab import round_spread_pct, step_figures, within_round_ratio
 from titan_autopar.titan.config_check import read_toml
-from titan_autopar.titan.launch import failed_rank_lines, launch
+from titan_autopar.titan.launch import failed_rank_lines, launch, parse_losses
+from titan_autopar.titan.parallelize import RUNS_AS_RECIPE
 
 REPO = Path(__file__).resolve().parents[1]
 CFG = "train_configs/{}_debug_cpu_auto4.toml"
@@ -148,6 +159,23 @@ def paired_ratio(auto: dict, best: dict) -> float:
     return paired if paired is not None else auto["measured_tps"] / best["measured_tps"]
 
 
+def same_program(folder: Path, arms: dict, recipe: str) -> bool:
+    """Whether every auto run of the config in `folder` ran `recipe`'s own program: each of its
+    logs (`<arm>/round<N>.log` of the rounds that ran) says so on every rank, and its losses
+    are, step for step and to the digit, those of every run of the recipe's arm."""
+    def logs(arm):
+        runs = arms[arm].get("measured_runs_tps") or []
+        return [(folder / arm / f"round{i + 1}.log").read_text() for i, m in enumerate(runs)
+                if m is not None and (folder / arm / f"round{i + 1}.log").exists()]
+    auto, rec = logs("auto"), logs(recipe)
+    if not auto or not rec:
+        return False
+    ranks = max(len(set(re.findall(r"^\[rank(\d+)\]:", t, re.M))) for t in auto + rec)
+    said = all(t.count(RUNS_AS_RECIPE) >= ranks for t in auto)
+    losses = [parse_losses(t) for t in auto + rec]
+    return said and bool(losses[0]) and all(x == losses[0] for x in losses)
+
+
 def arm_row(runs: list, failures: list[dict]) -> dict:
     """One arm's figures over its rounds: `runs` holds (step s, tokens/s) or None (that round's
     run failed) per round, `failures` what each failed run said and where its log is."""
@@ -187,12 +215,16 @@ def main() -> int:
     ap.add_argument("--profile", default="", help="use this profile instead of calibrating")
     ap.add_argument("--resume", action="store_true", help="keep the rows of --out/rows.json and "
                     "run only the configs named by --only (with the same --profile)")
+    ap.add_argument("--report", action="store_true", help="run nothing: the table and the JSON "
+                    "line again from --out's rows.json and run logs")
     a = ap.parse_args()
     out = (REPO / a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     say = lambda s: print(f"[fidelity {time.perf_counter() - t0:6.0f}s] {s}", flush=True)  # noqa: E731
     profile = Path(a.profile).resolve() if a.profile else out / "profile.json"
+    if a.report:
+        return report(json.loads((out / "rows.json").read_text()), profile, out)
     if not a.profile:
         say("calibrating 4 ranks on a 2x2 mesh")
         run = subprocess.run([sys.executable, "-m", "titan_autopar.cli", "calibrate", "--nproc", "4",
@@ -283,11 +315,13 @@ def main() -> int:
     order = [m[0] for m in MATRIX]
     rows.sort(key=lambda r: order.index(r["config"]))
     write_atomic(out / "rows.json", json.dumps(rows, indent=1))
-    return report(rows, profile)
+    return report(rows, profile, out)
 
 
-def report(rows: list[dict], profile: Path) -> int:
-    errs, agree, taus, ratios = [], [], [], {}
+def report(rows: list[dict], profile: Path, out: Path | None = None) -> int:
+    """The table and the JSON line, from the rows (and, under `out`, the runs' logs, which
+    `same_program` reads)."""
+    errs, agree, taus, ratios, as_measured = [], [], [], {}, {}
     spreads = [r["spread_pct"] for row in rows for r in row["arms"].values() if "spread_pct" in r]
     print(f"{'config':<24}{'arm':<9}{'predicted s':>12}{'measured s':>12}{'error %':>9}"
           f"{'pred tps':>10}{'meas tps':>10}")
@@ -312,6 +346,10 @@ def report(rows: list[dict], profile: Path) -> int:
         if arms["auto"].get("ok") and len(rec) == 2:
             best = max(rec, key=lambda k: arms[k]["measured_tps"])
             ratios[row["config"]] = paired_ratio(arms["auto"], arms[best])
+            ran = arms["auto"].get("runs_as_recipe")
+            if ran and out is not None and same_program(out / row["config"], arms, ran):
+                as_measured[row["config"]] = round(ratios[row["config"]], 3)
+                ratios[row["config"]] = 1.0 if best == ran else paired_ratio(arms[ran], arms[best])
     res = {
         "benchmark": "fidelity", "configs": len(rows), "profile": str(profile.name),
         "mape": round(statistics.mean(errs), 1) if errs else None,
@@ -321,6 +359,8 @@ def report(rows: list[dict], profile: Path) -> int:
         "auto_over_best_recipe_max": round(max(ratios.values()), 3) if ratios else None,
         "auto_over_best_recipe": {k: round(v, 3) for k, v in ratios.items()},
         "configs_auto_at_least_1.05": sum(v >= 1.05 for v in ratios.values()),
+        # auto ran a recipe's own program: its ratio to that recipe as measured (noise)
+        "same_program_as_measured": as_measured,
         "arms_failed": [f"{r['config']}/{k}" for r in rows for k, x in r["arms"].items() if not x["ok"]],
         "rounds_failed": [f"{r['config']}/{k}/round{f['round']}" for r in rows
                           for k, x in r["arms"].items() for f in x.get("failed_rounds", [])],

@@ -42,6 +42,8 @@ from titan_autopar.titan.job_file import planner_mesh
 from titan_autopar.titan.manual_marks import mark_job_regions
 
 MODELS = ("llama3", "llama4", "deepseek_v3", "qwen3")
+# what each rank logs where the plan runs as the recipe (benchmarks/fidelity.py looks for it)
+RUNS_AS_RECIPE = "running it as TorchTitan's recipe"
 _MARK = "_titan_autopar_auto"
 
 
@@ -370,8 +372,8 @@ def plan_and_apply(model, parallel_dims, job_config, recipe=None):
         log.info(f"[titan_autopar] {line}")
     if plan.recipe_schedule and ap.recipe_runtime and recipe is not None:
         log.info(f"[titan_autopar] the plan gains less than the prices resolve over the "
-                 f"{plan.recipe_schedule} recipe: running it as TorchTitan's recipe (FSDP2's "
-                 "runtime); [auto_parallel] recipe_runtime = false runs the plan's own program")
+                 f"{plan.recipe_schedule} recipe: {RUNS_AS_RECIPE} (FSDP2's runtime); "
+                 "[auto_parallel] recipe_runtime = false runs the plan's own program")
         return recipe(model, parallel_dims, job_config)
     model = apply_plan(model, plan, mesh, progress=lambda s: log.info(f"[titan_autopar] {s}"))
     comp = job_config.compile
