@@ -164,9 +164,9 @@ def same_program(folder: Path, arms: dict, recipe: str) -> bool:
     logs (`<arm>/round<N>.log` of the rounds that ran) says so on every rank, and its losses
     are, step for step and to the digit, those of every run of the recipe's arm."""
     def logs(arm):
-        runs = arms[arm].get("measured_runs_tps") or []
-        return [(folder / arm / f"round{i + 1}.log").read_text() for i, m in enumerate(runs)
-                if m is not None and (folder / arm / f"round{i + 1}.log").exists()]
+        ran = [folder / arm / f"round{i + 1}.log"
+               for i, m in enumerate(arms[arm].get("measured_runs_tps") or []) if m is not None]
+        return [p.read_text() for p in ran if p.exists()]
     auto, rec = logs("auto"), logs(recipe)
     if not auto or not rec:
         return False
@@ -292,7 +292,7 @@ def main() -> int:
             row["arms"][arm] = arm_row(runs[arm], failures[arm])
         plan = json.loads((d / "auto" / "plan.json").read_text()) if (d / "auto" / "plan.json").exists() else None
         if plan:
-            # what ran: a plan that gains too little over FSDP's schedule runs as that recipe
+            # what ran: a plan predicted less than 5% faster than the FSDP recipe runs as it
             row["arms"]["auto"]["predicted_step_s"] = Plan(plan).predicted_run()["step_time_s"]
             row["arms"]["auto"]["runs_as_recipe"] = Plan(plan).recipe_schedule
             row["arms"]["fsdp"]["predicted_step_s"] = plan["recipes"]["fsdp"]["step_time_s"]
