@@ -37,6 +37,8 @@ class DescentStats:
     solve_seconds: float = 0.0
     status: str = "optimal"
     gap: float = 0.0
+    iterations: int = 0  # simplex iterations, summed over programs: the solver's counted work
+    nodes: int = 0  # branch-and-bound nodes, summed
     history: list[float] = field(default_factory=list)  # objective (ms) after each accepted solve
 
     def count(self, res) -> None:
@@ -47,6 +49,8 @@ class DescentStats:
         self.build_seconds += res.build_seconds
         self.solve_seconds += res.solve_seconds
         self.gap = max(self.gap, res.gap)
+        self.iterations += res.iterations
+        self.nodes += res.nodes
         if res.status != "optimal" and self.status != "time_guard":
             self.status = res.status
 
@@ -117,6 +121,7 @@ def descend(
                     "this plan depends on the machine's speed (raise time_limit_s)")
             obj = objective_ms(pb.evaluate(res.assign), budget_bytes)
             log(f"  round {r + 1} mesh dim {m}: {res.variables} vars, {res.constraints} rows, "
+                f"{res.iterations} simplex iterations, {res.nodes} nodes, "
                 f"{res.solve_seconds:.2f}s solve -> {obj:.3f} ms")
             if obj < best * (1 - 1e-9) - 1e-12:
                 assign, best = res.assign, obj

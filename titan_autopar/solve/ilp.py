@@ -38,10 +38,12 @@ Objective (milliseconds)
   bandwidth and SMs -- that also breaks ties against needless collectives.
 
 Stopping rule. The LP relaxation is solved first; where it is integral (the usual case) that is
-the optimum. Otherwise branch-and-bound runs until the incumbent is within `SolveLimits.gap` of
-the best bound, or `SolveLimits.max_nodes` nodes were explored: both are counts, so the same
-program gives the same answer on a busy machine and an idle one. A wall-clock guard stops a
-runaway program only, and says so ("time_guard").
+the optimum. It is not where an overlap row is tight (E_g > 0 with the collectives just above
+alpha times the compute: a mixture of a cheap and a costly candidate then hides the collectives
+more cheaply than either), and branch-and-bound (`solve/branch.py`) runs until the incumbent is
+within `SolveLimits.gap` of the best bound, or `SolveLimits.max_nodes` nodes were explored: both
+are counts, so the same program gives the same answer on a busy machine and an idle one. A
+wall-clock guard stops a runaway program only, and says so ("time_guard").
 
 Forward/backward agreement is an edge like any other: a parameter's unit takes its gradient as an
 input that must arrive in the parameter's own placement; the tangent's unit takes the model
@@ -72,7 +74,9 @@ class SolveLimits:
     # relative gap to the best bound at which a program counts as solved: at 0.5% HiGHS stopped
     # on incumbents that left 70B plans 0.4-0.6% slower than at 0.1%, to save 1-1.5 s of 23-29 s
     gap: float = 0.001
-    max_nodes: int = 20000  # branch-and-bound nodes per program
+    # branch-and-bound nodes per program: the planner's close their gap in tens (at most 33 on
+    # Llama3 8B and 70B); one that needs more stops here and says "node_limit" with its gap
+    max_nodes: int = 2000
     guard_s: float = 600.0  # seconds
     # the least improvement (ms) branch-and-bound looks for past an incumbent; None: the
     # solver's own (CBC's 1e-5 ms, HiGHS's 1e-6 ms: a sizeable fraction of a tiny model's step)
@@ -89,6 +93,8 @@ class DimSolve:
     constraints: int
     build_seconds: float
     solve_seconds: float
+    iterations: int = 0  # simplex iterations (the solver's deterministic work)
+    nodes: int = 0  # branch-and-bound nodes
 
 
 def _with(choice: tuple[int, ...], m: int, s: int) -> tuple[int, ...]:
@@ -155,11 +161,13 @@ def solve_candidates(
     solver: str = "highs",
     limits: SolveLimits | None = None,
     t0: float | None = None,
+    exact: bool = False,
 ) -> DimSolve:
     """Build and solve the program over `cands` (per unit: key -> full N-D choice; a key names
     the unit's binary) and return each unit's chosen candidate. `start`, a feasible assignment
     within the candidates, warm-starts branch-and-bound and is what a program stopped before
-    any integer point returns. `what` names the program in errors; `t0` is when building began."""
+    any integer point returns. `what` names the program in errors; `t0` is when building began;
+    `exact` proves the optimum with the solver's own MIP search (`solve/program.py`)."""
     t0 = time.perf_counter() if t0 is None else t0
     ms = 1e3
     prog = Program()
@@ -173,7 +181,7 @@ def solve_candidates(
     mem_const = 0.0
     for u, opts in enumerate(cands):
         if xs[u] is not None:
-            prog.row(((j, 1.0) for j in xs[u].values()), 1.0, 1.0)
+            prog.one_hot(xs[u].values())
         comp, hides, mem = {}, {}, {}
         for s, choice in opts.items():
             c, mm = pb.unit_price(u, choice)
@@ -274,10 +282,11 @@ def solve_candidates(
             for s_, j in x.items():
                 warm[j] = 1.0 if cands[u][s_] == start[u] else 0.0
     res = solve_program(prog, solver=solver, gap=limits.gap, max_nodes=limits.max_nodes,
-                        guard_s=limits.guard_s, increment=limits.increment, start=warm, what=what)
+                        guard_s=limits.guard_s, increment=limits.increment, start=warm, what=what,
+                        exact=exact)
     if res.values is None:  # stopped before any integer point: keep `start`
         return DimSolve(list(start), res.status, math.inf, 1.0, n_vars, n_cons, build_s,
-                        time.perf_counter() - t1)
+                        time.perf_counter() - t1, res.iterations, res.nodes)
     new = list(start)
     for u, opts in enumerate(cands):
         if xs[u] is None:
@@ -287,4 +296,4 @@ def solve_candidates(
             s = max(sorted(vals), key=lambda k: vals[k])
         new[u] = opts[s]
     return DimSolve(new, res.status, res.objective, res.gap, n_vars, n_cons, build_s,
-                    time.perf_counter() - t1)
+                    time.perf_counter() - t1, res.iterations, res.nodes)

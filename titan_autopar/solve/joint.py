@@ -91,7 +91,7 @@ def solve_joint(
     limits = dataclasses.replace(limits, gap=min(limits.gap, JOINT_GAP), increment=JOINT_INCREMENT)
     res = solve_candidates(pb, joint_candidates(pb, start), start,
                            what="the joint program", budget_bytes=budget_bytes, solver=solver,
-                           limits=limits, t0=t0)
+                           limits=limits, t0=t0, exact=True)
     if stats is not None:
         stats.count(res)
         stats.rounds = max(stats.rounds, 1)

@@ -2,15 +2,17 @@
 
 Owns `Program`: columns (cost, bounds, binary or continuous) and rows (sparse coefficients,
 bounds) collected as plain lists, so that building a program of thousands of variables costs
-milliseconds rather than the seconds a modelling layer's expression objects take. `solve_program`
-runs it the way `solve/ilp.py` states: the LP relaxation first, branch-and-bound only when that is
-not integral (HiGHS does both in one run: its branch-and-bound stops at the root when the
-relaxation is integral), warm-started from a given feasible point, stopped by counted limits only.
+milliseconds rather than the seconds a modelling layer's expression objects take; `one_hot`
+rows are remembered as the program's choices. `solve_program` runs it the way `solve/ilp.py`
+states: the LP relaxation first, branch-and-bound only when that is not integral, warm-started
+from a given feasible point, stopped by counted limits only.
 
 Solvers:
-  "highs"  HiGHS in this process through `highspy` (the default: no subprocess, no files);
+  "highs"  HiGHS's simplex in this process through `highspy` (the default: no subprocess, no
+           files), inside `solve/branch.py`'s branch-and-bound over the one-hot choices; the
+           result counts its work (simplex iterations, nodes);
   "cbc"    CBC through PuLP, in a subprocess whose files live in a temporary folder removed
-           afterwards, also when the solve fails.
+           afterwards, also when the solve fails (its work is not counted: 0).
 Both are deterministic on one thread: a program gives the same answer on a busy machine and an
 idle one, unless the wall-clock guard fires, which the result says ("time_guard").
 """
@@ -40,6 +42,7 @@ class Program:
     binaries: list[int] = field(default_factory=list)
     rows: list[tuple[dict[int, float], float, float]] = field(default_factory=list)
     offset: float = 0.0
+    groups: list[list[int]] = field(default_factory=list)  # the columns of each one-hot row
 
     def column(self, *, binary: bool = False, lower: float = 0.0,
                upper: float = math.inf) -> int:
@@ -63,6 +66,12 @@ class Program:
             coeffs[j] = coeffs.get(j, 0.0) + c
         self.rows.append((coeffs, lo, hi))
 
+    def one_hot(self, columns) -> None:
+        """Exactly one of `columns` (binaries) is 1: a unit's choice among its candidates."""
+        cols = list(columns)
+        self.row(((j, 1.0) for j in cols), 1.0, 1.0)
+        self.groups.append(cols)
+
     @property
     def num_columns(self) -> int:
         return len(self.cost)
@@ -74,24 +83,35 @@ class Result:
     objective: float  # including the offset; inf when `values` is None
     status: str  # "optimal", "node_limit" or "time_guard"
     gap: float  # relative, against the best bound proven (the LP relaxation's, or the solver's own)
+    iterations: int = 0  # simplex iterations over every LP solved (HiGHS; 0 for CBC)
+    nodes: int = 0  # branch-and-bound nodes solved (HiGHS; 0 for CBC)
 
 
 def solve_program(prog: Program, *, solver: str, gap: float, max_nodes: int, guard_s: float,
                   increment: float | None = None, start: dict[int, float] | None = None,
-                  what: str = "a program") -> Result:
+                  what: str = "a program", exact: bool = False) -> Result:
     """The LP relaxation; if integral, that is the optimum. Otherwise branch-and-bound from
     `start` (values of the binaries, column -> value; the solver completes the rest) until within
-    `gap` of the best bound or after `max_nodes` nodes."""
+    `gap` of the best bound or after `max_nodes` nodes. `exact` (the joint check's one program,
+    proved to a gap near 0) runs HiGHS's own MIP solver, whose cuts prove such a bound in far
+    fewer nodes than `solve/branch.py`'s plain branching; its work is counted the same way."""
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}: use 'highs' (default) or 'cbc'")
     t0 = time.perf_counter()
-    if solver == "highs":  # HiGHS solves the relaxation at its root and stops there if integral
-        res = _run_highs(prog, mip=True, gap=gap, max_nodes=max_nodes, guard_s=guard_s,
-                         increment=increment, start=start)
+    if solver == "highs" and exact:
+        res = _run_highs_mip(prog, mip=True, gap=gap, max_nodes=max_nodes, guard_s=guard_s,
+                             increment=increment, start=start)
         if res.values is None and res.status == "Infeasible":
             raise RuntimeError(f"the integer program for {what} is infeasible; this is a bug, "
                                "please report it with the plan command you ran")
         return _ended(res, time.perf_counter() - t0 >= guard_s * 0.98)
+    if solver == "highs":
+        res = _run_highs(prog, gap=gap, max_nodes=max_nodes, guard_s=guard_s,
+                         increment=increment, start=start)
+        if res.values is None and res.status == "infeasible":
+            raise RuntimeError(f"the integer program for {what} is infeasible; this is a bug, "
+                               "please report it with the plan command you ran")
+        return res
     lp = _run_cbc(prog, mip=False, gap=gap, max_nodes=max_nodes, guard_s=guard_s, increment=increment,
              start=None)
     if lp.values is None or lp.status != "optimal":
@@ -111,12 +131,13 @@ def _ended(res: Result, guard_fired: bool, gap: float | None = None) -> Result:
     """A branch-and-bound result in the terms of `Result`: a stop before proving the optimum is
     the node limit's, or the wall-clock guard's if that fired."""
     stopped = "time_guard" if guard_fired else "node_limit"
+    work = (res.iterations, res.nodes)
     if res.values is None:
-        return Result(None, math.inf, stopped, 1.0)
+        return Result(None, math.inf, stopped, 1.0, *work)
     if res.status == "optimal":  # optimal within `gap` of the solver's own bound
         return Result(res.values, res.objective, "optimal",
-                      res.gap if gap is None else min(res.gap, gap))
-    return Result(res.values, res.objective, stopped, res.gap)
+                      res.gap if gap is None else min(res.gap, gap), *work)
+    return Result(res.values, res.objective, stopped, res.gap, *work)
 
 
 # --- HiGHS, in this process -------------------------------------------------------------------
@@ -156,7 +177,50 @@ def _quiet_stdout():
         os.close(fd)
 
 
-def _run_highs(prog: Program, *, mip: bool, gap: float, max_nodes: int, guard_s: float,
+def _run_highs(prog: Program, *, gap: float, max_nodes: int, guard_s: float,
+               increment: float | None, start: dict[int, float] | None) -> Result:
+    import highspy
+    import numpy as np
+
+    from titan_autopar.solve.branch import branch_and_bound
+
+    h = _highs()
+    h.clearModel()
+    h.clearSolver()
+    h.resetOptions()
+    h.setOptionValue("output_flag", False)
+    for k, v in (("threads", 1), ("random_seed", 0)):
+        h.setOptionValue(k, v)
+    n = prog.num_columns
+    lp = highspy.HighsLp()
+    lp.num_col_ = n
+    lp.num_row_ = len(prog.rows)
+    lp.col_cost_ = np.asarray(prog.cost, dtype=np.float64)
+    lp.col_lower_ = np.asarray(prog.lower, dtype=np.float64)
+    lp.col_upper_ = np.asarray(prog.upper, dtype=np.float64)
+    lp.row_lower_ = np.asarray([r[1] for r in prog.rows], dtype=np.float64)
+    lp.row_upper_ = np.asarray([r[2] for r in prog.rows], dtype=np.float64)
+    starts, index, value = [0], [], []
+    for coeffs, _, _ in prog.rows:
+        index.extend(coeffs)
+        value.extend(coeffs.values())
+        starts.append(len(index))
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.num_col_ = n
+    lp.a_matrix_.num_row_ = len(prog.rows)
+    lp.a_matrix_.start_ = np.asarray(starts, dtype=np.int32)
+    lp.a_matrix_.index_ = np.asarray(index, dtype=np.int32)
+    lp.a_matrix_.value_ = np.asarray(value, dtype=np.float64)
+    lp.offset_ = prog.offset
+    h.passModel(lp)
+    found = branch_and_bound(h, prog.lower, prog.upper, prog.binaries, prog.groups, gap=gap,
+                             abs_gap=increment if increment is not None else 1e-6,
+                             max_nodes=max_nodes, guard_s=guard_s, start=start)
+    return Result(found.values, found.objective, found.status, found.gap, found.iterations,
+                  found.nodes)
+
+
+def _run_highs_mip(prog: Program, *, mip: bool, gap: float, max_nodes: int, guard_s: float,
                increment: float | None, start: dict[int, float] | None) -> Result:
     import highspy
     import numpy as np
@@ -164,6 +228,8 @@ def _run_highs(prog: Program, *, mip: bool, gap: float, max_nodes: int, guard_s:
     h = _highs()
     h.clearModel()
     h.clearSolver()
+    h.resetOptions()
+    h.setOptionValue("output_flag", False)
     for k, v in (("threads", 1), ("time_limit", float(guard_s)), ("mip_rel_gap", float(gap)),
                  ("mip_max_nodes", int(max_nodes)), ("random_seed", 0)):
         h.setOptionValue(k, v)
@@ -202,13 +268,14 @@ def _run_highs(prog: Program, *, mip: bool, gap: float, max_nodes: int, guard_s:
     status = h.getModelStatus()
     info = h.getInfo()
     has_point = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    work = (max(0, int(info.simplex_iteration_count)), max(0, int(info.mip_node_count)))
     if not has_point:
-        return Result(None, math.inf, h.modelStatusToString(status), 1.0)
+        return Result(None, math.inf, h.modelStatusToString(status), 1.0, *work)
     values = list(h.getSolution().col_value)
     done = status == highspy.HighsModelStatus.kOptimal
     g = float(info.mip_gap) if mip else 0.0
     return Result(values, float(info.objective_function_value), "optimal" if done else "stopped",
-                  g if math.isfinite(g) else 1.0)
+                  g if math.isfinite(g) else 1.0, *work)
 
 
 # --- CBC, through PuLP ------------------------------------------------------------------------
