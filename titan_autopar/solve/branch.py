@@ -1,6 +1,7 @@
 """Branch-and-bound over binary choices, each node one linear program solved by HiGHS.
 
-Owns `branch_and_bound`, what `solve/program.py` runs for solver="highs". The planner's programs
+Owns `branch_and_bound`, what `solve/program.py` runs first for solver="highs" (a program it
+leaves open after its node budget goes on in HiGHS's MIP solver). The planner's programs
 are one-hot choices (one binary per candidate of a unit, summing to 1) linked by edge and
 overlap rows. Their LP relaxation is integral unless a coupling row is tight -- the overlap of
 a block's parameter collectives with its compute, `solve/ilp.py`'s E_g, when the collectives

@@ -40,9 +40,10 @@ Objective (milliseconds)
 Stopping rule. The LP relaxation is solved first; where it is integral (the usual case) that is
 the optimum. It is not where an overlap row is tight (E_g > 0 with the collectives just above
 alpha times the compute: a mixture of a cheap and a costly candidate then hides the collectives
-more cheaply than either), and branch-and-bound (`solve/branch.py`) runs until the incumbent is
-within `SolveLimits.gap` of the best bound, or `SolveLimits.max_nodes` nodes were explored: both
-are counts, so the same program gives the same answer on a busy machine and an idle one. A
+more cheaply than either), and branch-and-bound runs (`solve/branch.py` for up to
+`SolveLimits.branch_nodes` nodes, then HiGHS's own) until the incumbent is within
+`SolveLimits.gap` of the best bound, or `SolveLimits.max_nodes` nodes were explored: all are
+counts, so the same program gives the same answer on a busy machine and an idle one. A
 wall-clock guard stops a runaway program only, and says so ("time_guard").
 
 Forward/backward agreement is an edge like any other: a parameter's unit takes its gradient as an
@@ -66,17 +67,19 @@ HIDDEN_COMM_WEIGHT = 0.02
 
 @dataclass(frozen=True)
 class SolveLimits:
-    """When branch-and-bound stops. Only `gap` and `max_nodes` decide where it stops -- both are
-    counted, not timed, so a plan depends on its inputs alone, never on the machine's load.
+    """When branch-and-bound stops. Only `gap`, `branch_nodes` and `max_nodes` decide where it
+    stops -- all counted, not timed, so a plan depends on its inputs alone, never on the machine's load.
     `guard_s` is a wall-clock guard against a runaway program: when it fires the result depends
     on timing, and the plan's solver status says "time_guard"."""
 
     # relative gap to the best bound at which a program counts as solved: at 0.5% HiGHS stopped
     # on incumbents that left 70B plans 0.4-0.6% slower than at 0.1%, to save 1-1.5 s of 23-29 s
     gap: float = 0.001
-    # branch-and-bound nodes per program: the planner's close their gap in tens (at most 33 on
-    # Llama3 8B and 70B); one that needs more stops here and says "node_limit" with its gap
-    max_nodes: int = 2000
+    max_nodes: int = 20000  # branch-and-bound nodes per program
+    # nodes of `solve/branch.py`'s own branch-and-bound before HiGHS's MIP solver takes over the
+    # program: the planner's programs close their gap in tens (at most 33 on Llama3 8B and 70B),
+    # a few need cuts to (HiGHS's own) and would take thousands of plain branches
+    branch_nodes: int = 64
     guard_s: float = 600.0  # seconds
     # the least improvement (ms) branch-and-bound looks for past an incumbent; None: the
     # solver's own (CBC's 1e-5 ms, HiGHS's 1e-6 ms: a sizeable fraction of a tiny model's step)
@@ -283,7 +286,7 @@ def solve_candidates(
                 warm[j] = 1.0 if cands[u][s_] == start[u] else 0.0
     res = solve_program(prog, solver=solver, gap=limits.gap, max_nodes=limits.max_nodes,
                         guard_s=limits.guard_s, increment=limits.increment, start=warm, what=what,
-                        exact=exact)
+                        exact=exact, branch_nodes=limits.branch_nodes)
     if res.values is None:  # stopped before any integer point: keep `start`
         return DimSolve(list(start), res.status, math.inf, 1.0, n_vars, n_cons, build_s,
                         time.perf_counter() - t1, res.iterations, res.nodes)

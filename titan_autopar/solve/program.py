@@ -8,9 +8,10 @@ states: the LP relaxation first, branch-and-bound only when that is not integral
 from a given feasible point, stopped by counted limits only.
 
 Solvers:
-  "highs"  HiGHS's simplex in this process through `highspy` (the default: no subprocess, no
-           files), inside `solve/branch.py`'s branch-and-bound over the one-hot choices; the
-           result counts its work (simplex iterations, nodes);
+  "highs"  HiGHS in this process through `highspy` (the default: no subprocess, no files):
+           its simplex inside `solve/branch.py`'s branch-and-bound over the one-hot choices, and
+           its MIP solver for a program that search leaves open; the result counts the work
+           (simplex iterations, nodes);
   "cbc"    CBC through PuLP, in a subprocess whose files live in a temporary folder removed
            afterwards, also when the solve fails (its work is not counted: 0).
 Both are deterministic on one thread: a program gives the same answer on a busy machine and an
@@ -89,26 +90,25 @@ class Result:
 
 def solve_program(prog: Program, *, solver: str, gap: float, max_nodes: int, guard_s: float,
                   increment: float | None = None, start: dict[int, float] | None = None,
-                  what: str = "a program", exact: bool = False) -> Result:
+                  what: str = "a program", exact: bool = False,
+                  branch_nodes: int = 0) -> Result:
     """The LP relaxation; if integral, that is the optimum. Otherwise branch-and-bound from
     `start` (values of the binaries, column -> value; the solver completes the rest) until within
-    `gap` of the best bound or after `max_nodes` nodes. `exact` (the joint check's one program,
-    proved to a gap near 0) runs HiGHS's own MIP solver, whose cuts prove such a bound in far
-    fewer nodes than `solve/branch.py`'s plain branching; its work is counted the same way."""
+    `gap` of the best bound or after `max_nodes` nodes.
+
+    HiGHS: `solve/branch.py`'s branch-and-bound first, for up to `branch_nodes` nodes (the
+    planner's programs close their gap in tens); a program it leaves open goes on in HiGHS's
+    own MIP solver from its incumbent, whose cuts close hard gaps in fewer nodes. `exact` (the
+    joint check's one program, proved to a gap near 0) goes to HiGHS's MIP directly. Either
+    way the work of both is counted."""
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}: use 'highs' (default) or 'cbc'")
     t0 = time.perf_counter()
-    if solver == "highs" and exact:
-        res = _run_highs_mip(prog, mip=True, gap=gap, max_nodes=max_nodes, guard_s=guard_s,
-                             increment=increment, start=start)
-        if res.values is None and res.status == "Infeasible":
-            raise RuntimeError(f"the integer program for {what} is infeasible; this is a bug, "
-                               "please report it with the plan command you ran")
-        return _ended(res, time.perf_counter() - t0 >= guard_s * 0.98)
     if solver == "highs":
         res = _run_highs(prog, gap=gap, max_nodes=max_nodes, guard_s=guard_s,
-                         increment=increment, start=start)
-        if res.values is None and res.status == "infeasible":
+                         increment=increment, start=start,
+                         branch_nodes=0 if exact else branch_nodes)
+        if res.values is None and res.status.lower() == "infeasible":
             raise RuntimeError(f"the integer program for {what} is infeasible; this is a bug, "
                                "please report it with the plan command you ran")
         return res
@@ -178,50 +178,44 @@ def _quiet_stdout():
 
 
 def _run_highs(prog: Program, *, gap: float, max_nodes: int, guard_s: float,
-               increment: float | None, start: dict[int, float] | None) -> Result:
-    import highspy
-    import numpy as np
-
+               increment: float | None, start: dict[int, float] | None,
+               branch_nodes: int) -> Result:
+    """`solve/branch.py` for up to `branch_nodes` nodes, then (if its gap is still open)
+    HiGHS's MIP solver from the best point found."""
     from titan_autopar.solve.branch import branch_and_bound
 
-    h = _highs()
-    h.clearModel()
-    h.clearSolver()
-    h.resetOptions()
-    h.setOptionValue("output_flag", False)
-    for k, v in (("threads", 1), ("random_seed", 0)):
-        h.setOptionValue(k, v)
-    n = prog.num_columns
-    lp = highspy.HighsLp()
-    lp.num_col_ = n
-    lp.num_row_ = len(prog.rows)
-    lp.col_cost_ = np.asarray(prog.cost, dtype=np.float64)
-    lp.col_lower_ = np.asarray(prog.lower, dtype=np.float64)
-    lp.col_upper_ = np.asarray(prog.upper, dtype=np.float64)
-    lp.row_lower_ = np.asarray([r[1] for r in prog.rows], dtype=np.float64)
-    lp.row_upper_ = np.asarray([r[2] for r in prog.rows], dtype=np.float64)
-    starts, index, value = [0], [], []
-    for coeffs, _, _ in prog.rows:
-        index.extend(coeffs)
-        value.extend(coeffs.values())
-        starts.append(len(index))
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
-    lp.a_matrix_.num_col_ = n
-    lp.a_matrix_.num_row_ = len(prog.rows)
-    lp.a_matrix_.start_ = np.asarray(starts, dtype=np.int32)
-    lp.a_matrix_.index_ = np.asarray(index, dtype=np.int32)
-    lp.a_matrix_.value_ = np.asarray(value, dtype=np.float64)
-    lp.offset_ = prog.offset
-    h.passModel(lp)
-    found = branch_and_bound(h, prog.lower, prog.upper, prog.binaries, prog.groups, gap=gap,
-                             abs_gap=increment if increment is not None else 1e-6,
-                             max_nodes=max_nodes, guard_s=guard_s, start=start)
-    return Result(found.values, found.objective, found.status, found.gap, found.iterations,
-                  found.nodes)
+    t0 = time.perf_counter()
+    abs_gap = increment if increment is not None else 1e-6
+    work = (0, 0)
+    if branch_nodes > 0:
+        h = _highs_with(prog, mip=False, options=())
+        found = branch_and_bound(h, prog.lower, prog.upper, prog.binaries, prog.groups, gap=gap,
+                                 abs_gap=abs_gap, max_nodes=branch_nodes, guard_s=guard_s,
+                                 start=start)
+        work = (found.iterations, found.nodes)
+        if found.status != "node_limit":
+            return Result(found.values, found.objective, found.status, found.gap, *work)
+        if found.values is not None:  # HiGHS goes on from the best point found
+            start = {j: float(round(found.values[j])) for j in prog.binaries}
+    h = _highs_with(prog, mip=True, options=(
+        ("time_limit", max(1e-3, float(guard_s) - (time.perf_counter() - t0))),
+        ("mip_rel_gap", float(gap)), ("mip_max_nodes", int(max_nodes)),
+        ("mip_abs_gap", float(abs_gap))))
+    if start is not None:
+        import numpy as np
+
+        h.setSolution(len(start), np.asarray(list(start), dtype=np.int32),
+                      np.asarray(list(start.values()), dtype=np.float64))
+    h.run()
+    res = _highs_result(h)
+    res.iterations += work[0]
+    res.nodes += work[1]
+    return _ended(res, time.perf_counter() - t0 >= guard_s * 0.98)
 
 
-def _run_highs_mip(prog: Program, *, mip: bool, gap: float, max_nodes: int, guard_s: float,
-               increment: float | None, start: dict[int, float] | None) -> Result:
+def _highs_with(prog: Program, *, mip: bool, options):
+    """This process's HiGHS instance holding `prog` (with its binaries integral if `mip`), on
+    one thread with a fixed seed and `options`."""
     import highspy
     import numpy as np
 
@@ -229,11 +223,8 @@ def _run_highs_mip(prog: Program, *, mip: bool, gap: float, max_nodes: int, guar
     h.clearModel()
     h.clearSolver()
     h.resetOptions()
-    h.setOptionValue("output_flag", False)
-    for k, v in (("threads", 1), ("time_limit", float(guard_s)), ("mip_rel_gap", float(gap)),
-                 ("mip_max_nodes", int(max_nodes)), ("random_seed", 0)):
+    for k, v in (("output_flag", False), ("threads", 1), ("random_seed", 0), *options):
         h.setOptionValue(k, v)
-    h.setOptionValue("mip_abs_gap", float(increment) if increment is not None else 1e-6)
     n = prog.num_columns
     lp = highspy.HighsLp()
     lp.num_col_ = n
@@ -261,21 +252,22 @@ def _run_highs_mip(prog: Program, *, mip: bool, gap: float, max_nodes: int, guar
             kinds[j] = highspy.HighsVarType.kInteger
         lp.integrality_ = kinds
     h.passModel(lp)
-    if mip and start is not None:
-        h.setSolution(len(start), np.asarray(list(start), dtype=np.int32),
-                      np.asarray(list(start.values()), dtype=np.float64))
-    h.run()
+    return h
+
+
+def _highs_result(h) -> Result:
+    """A finished HiGHS MIP run as a `Result`, with its work."""
+    import highspy
+
     status = h.getModelStatus()
     info = h.getInfo()
-    has_point = info.primal_solution_status == 2  # kSolutionStatusFeasible
     work = (max(0, int(info.simplex_iteration_count)), max(0, int(info.mip_node_count)))
-    if not has_point:
+    if info.primal_solution_status != 2:  # kSolutionStatusFeasible: no integer point
         return Result(None, math.inf, h.modelStatusToString(status), 1.0, *work)
-    values = list(h.getSolution().col_value)
     done = status == highspy.HighsModelStatus.kOptimal
-    g = float(info.mip_gap) if mip else 0.0
-    return Result(values, float(info.objective_function_value), "optimal" if done else "stopped",
-                  g if math.isfinite(g) else 1.0, *work)
+    g = float(info.mip_gap)
+    return Result(list(h.getSolution().col_value), float(info.objective_function_value),
+                  "optimal" if done else "stopped", g if math.isfinite(g) else 1.0, *work)
 
 
 # --- CBC, through PuLP ------------------------------------------------------------------------
