@@ -30,7 +30,7 @@ from titan_autopar.graph.recompute import check_mode
 from titan_autopar.graph.attention import flex_modules
 from titan_autopar.graph.blocks import find_blocks
 from titan_autopar.graph.manual import resolve_all
-from titan_autopar.graph.trace import trace_joint
+from titan_autopar.graph.stamp import trace_step
 from titan_autopar.plan import Plan, build_plan, fingerprint
 from titan_autopar.plan_check import check_against_graph
 from titan_autopar.solve.descent import DescentStats, descend, initial_assignment, objective_ms
@@ -208,12 +208,16 @@ def plan_model(
         say(f"[trace] reused the graph traced for the same shapes ({len(jg.gm.graph.nodes)} nodes)")
     else:
         try:
-            jg = trace_joint(model, sample_inputs, param_dtype, manual)
+            jg = trace_step(model, sample_inputs, param_dtype, manual)
         except Exception as e:  # the model's own code, run on the sample inputs
             raise checks.traced_model_error(e, sample_inputs) from e
         blocks = None
-    phases["trace"] = {"seconds": time.perf_counter() - t, "nodes": len(jg.gm.graph.nodes)}
-    say(f"[trace] {phases['trace']['nodes']} nodes in {phases['trace']['seconds']:.2f}s")
+    phases["trace"] = {"seconds": time.perf_counter() - t, "nodes": len(jg.gm.graph.nodes),
+                       # what make_fx traced: four blocks' graph where the rest was stamped
+                       "traced_nodes": jg.traced_nodes or len(jg.gm.graph.nodes)}
+    how = (f", stamped from {jg.traced_blocks} traced blocks ({jg.traced_nodes} nodes)"
+           if jg.traced_blocks else "")
+    say(f"[trace] {phases['trace']['nodes']} nodes in {phases['trace']['seconds']:.2f}s{how}")
 
     t = time.perf_counter()
     blocks = blocks or find_blocks(jg)
@@ -395,7 +399,7 @@ def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
     timings = {}
     t = time.perf_counter()
     dtype = plan.data.get("param_dtype")
-    jg = trace_joint(model, inputs, getattr(torch, dtype) if dtype else None, manual)
+    jg = trace_step(model, inputs, getattr(torch, dtype) if dtype else None, manual)
     check_against_graph(plan.data, jg, plan.source)
     timings["trace_s"] = time.perf_counter() - t
     t = time.perf_counter()

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from titan_autopar.graph.attention import flex_as_ops, flex_kwargs
@@ -55,6 +56,11 @@ class JointGraph:
     output_value: fx.Node | None = None  # the producer of the model output
     grad_nodes: dict[str, fx.Node | None] = field(default_factory=dict)  # param -> grad producer
     input_grad_nodes: dict[int, fx.Node] = field(default_factory=dict)  # float input -> grad
+    # how it was made (`graph/stamp.py`): blocks traced and nodes traced where the graph was
+    # stamped from a few blocks (None: traced whole), and why it was not stamped
+    traced_blocks: int | None = None
+    traced_nodes: int | None = None
+    stamp_note: str = ""
 
 
 def _block_containers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -170,7 +176,7 @@ def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...],
             grads = [torch.zeros_like(p) if g is None else g for p, g in zip(needs, grads)]
             return (out, *grads)
 
-        with _block_hooks(model, blocks):
+        with _block_hooks(model, blocks), _use_lazy_graph_module(True):
             gm = make_fx(joint, tracing_mode="fake", _allow_non_fake_inputs=True)(
                 params, buffers, inputs
             )
@@ -184,15 +190,23 @@ def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...],
         blocks=blocks,
         manual_regions=dict(manual),
         output_shape=tuple(out.shape),
-        seconds=time.perf_counter() - t0,
+        seconds=0.0,
     )
+    return joint_graph_of(jg, diff, t0)
+
+
+def joint_graph_of(jg: JointGraph, diff: list[int], t0: float) -> JointGraph:
+    """`jg` with what each placeholder and output stands for read from its graph (parameters,
+    buffers, inputs and the tangent in that order; the model output, then one gradient per
+    parameter and per differentiated input `diff`), and `seconds` since `t0`."""
+    gm = jg.gm
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    np_, nb, ni = len(params), len(buffers), len(inputs)
+    np_, nb, ni = len(jg.param_names), len(jg.buffer_names), jg.num_inputs
     if len(placeholders) != np_ + nb + ni + 1:
         raise RuntimeError(
             f"traced graph has {len(placeholders)} placeholders, expected {np_ + nb + ni + 1}"
         )
-    jg.param_nodes = dict(zip(pnames, placeholders[:np_]))
+    jg.param_nodes = dict(zip(jg.param_names, placeholders[:np_]))
     jg.buffer_nodes = dict(zip(jg.buffer_names, placeholders[np_ : np_ + nb]))
     jg.input_nodes = placeholders[np_ + nb : np_ + nb + ni]
     jg.tangent_node = placeholders[-1]
@@ -200,8 +214,9 @@ def trace_joint(model: torch.nn.Module, sample_inputs: tuple[torch.Tensor, ...],
     flat = torch.utils._pytree.tree_leaves(output.args[0])
     jg.output_value = flat[0]
     grads = flat[1:]
-    jg.grad_nodes = dict(zip(pnames, grads[:np_]))
+    jg.grad_nodes = dict(zip(jg.param_names, grads[:np_]))
     jg.input_grad_nodes = dict(zip(diff, grads[np_:]))
+    jg.seconds = time.perf_counter() - t0
     return jg
 
 
@@ -231,7 +246,7 @@ def _tangent_as_placeholder(gm: fx.GraphModule) -> tuple[torch.Tensor, int]:
     ph.meta.update({k: op.meta[k] for k in ("val", "tensor_meta") if k in op.meta})
     op.replace_all_uses_with(ph)
     graph.erase_node(op)
-    gm.recompile()
+    gm.recompile()  # lazy: the code is generated only if the module is ever called
     return ph.meta["val"], at
 
 
