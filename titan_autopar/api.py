@@ -84,14 +84,17 @@ def _keep_gathered_if_faster(pb, assign, price, budget, effort, solver, limits, 
     """The plan keeps gathered parameters from the forward to the backward (no second gather)
     where that fits the budget and is priced faster than FSDP's reshard after forward: the
     chosen assignment priced so, and (full effort) a descent from it under that pricing, whose
-    programs then see the forward's gathered copies as free for the backward. Leaves `pb`
-    pricing the choice made."""
+    programs then see the forward's gathered copies as free for the backward. The descent runs
+    wherever the kept copies fit, also when keeping them gains nothing at the chosen
+    assignment: gathering a weight before the view or cast its forward and backward read, or
+    after it for each, costs the same when the backward gathers again, and only the first
+    gains from keeping; which of two such equal plans the programs return is theirs to choose.
+    Leaves `pb` pricing the choice made."""
     fits = lambda p: p.peak_memory <= budget * (1 + 1e-9)  # noqa: E731
     pb.keep_gathered(True)
     best = (round(price.step_time, 12), 0, assign, price, False)
     kept = pb.evaluate(assign)
-    # (where the second gathers hide behind compute there is nothing to gain: no descent)
-    if fits(kept) and round(kept.step_time, 12) < round(price.step_time, 12):
+    if fits(kept) and any(e.again for e in pb.edges):
         tries = [(assign, kept)]
         if effort == "full":
             say("[solve] planning again with gathered parameters kept for the backward")
