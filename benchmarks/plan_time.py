@@ -20,12 +20,21 @@ predicted compute time against 6 x active parameters x tokens per GPU (the local
 (x 4/3 under full activation checkpointing: one more forward), as `compute_over_ideal`.
 Targets: <= 60 s each end to end, peak <= 80 GiB, auto <= recipe.
 
+CLI cases run `titan-autopar plan` in a fresh process, as a user does, and time it from start to
+exit (importing torch and TorchTitan included): `8b_cli` and `8b_bf16_cli` plan the `8b` and
+`8b_bf16` cases' models (targets: <= 10 s each).
+
+Every row counts the planner's work beside its time: integer programs, simplex iterations and
+branch-and-bound nodes (the plan's `solver` section) and nodes traced (`traced_nodes`, against
+the graph's `nodes`): figures that do not move with the machine's load. `tests/test_plan_work.py`
+holds smaller cases to committed figures of the same counts.
+
 Wall-clock seconds move with whatever else the machine runs. So each row also gives `cpu_s`, the
 CPU seconds this process spent on the case, and the line gives the machine's cores and its
 1-minute load average before and after the cases (`load_before`, `load_after`). Where the load
 nears the core count, `total_s` includes waiting for a core and `cpu_s` is the closer figure.
 
-  .venv/bin/python benchmarks/plan_time.py [--solver highs|cbc] [--case 8b|70b|llama4_64|...]
+  .venv/bin/python benchmarks/plan_time.py [--solver highs|cbc] [--case 8b|70b|8b_cli|...]
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ import contextlib
 import io
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -55,7 +66,16 @@ CASES = {
     "70b": ("70B", *MESH_70B, 8192, None, "none"),
     "70b_bf16": ("70B", *MESH_70B, 8192, torch.bfloat16, "selective"),
 }
-TARGETS_S = {"8b": 10, "8b_bf16": 10, "70b": 30, "70b_bf16": 30, "llama4_64": 30}
+TARGETS_S = {"8b": 10, "8b_bf16": 10, "70b": 30, "70b_bf16": 30, "llama4_64": 30,
+             "8b_cli": 10, "8b_bf16_cli": 10}
+# name: the flags `titan-autopar plan` is given (the CLI's defaults: Llama3-8B, seq 8192, 8x8)
+CLI = {
+    "8b_cli": ["--model", "llama3", "--flavor", "8B", "--mesh", "dp_shard=8,tp=8",
+               "--hardware", "h100", "--seq-len", "8192", "--local-batch-size", "1"],
+    "8b_bf16_cli": ["--model", "llama3", "--flavor", "8B", "--mesh", "dp_shard=8,tp=8",
+                    "--hardware", "h100", "--seq-len", "8192", "--local-batch-size", "1",
+                    "--param-dtype", "bfloat16", "--activation-checkpointing", "selective"],
+}
 GAP_TARGET = 0.005
 JOBS = {
     "llama4_64": "train_configs/llama4_17bx16e_64gpu_auto.toml",
@@ -110,7 +130,8 @@ def run_job(case: str, solver: str) -> dict:
         "total_s": round(total, 2),
         "trace_s": round(t["trace"]["seconds"], 2),
         "solve_phase_s": round(t["solve"]["seconds"], 2),
-        "programs": plan["solver"]["programs"], "status": plan["solver"]["status"],
+        "programs": plan["solver"]["programs"], **work(plan),
+        "status": plan["solver"]["status"],
         "gap": plan["solver"]["gap"],
         "mesh": dict(zip(plan["mesh"]["names"], plan["mesh"]["shape"])),
         "predicted_step_ms": round(pred["step_time_s"] * 1e3, 1),
@@ -124,9 +145,40 @@ def run_job(case: str, solver: str) -> dict:
     }
 
 
+def work(plan: dict) -> dict:
+    """The planner's counted work, from a plan's JSON."""
+    sv = plan["solver"]
+    return {"simplex_iterations": sv["simplex_iterations"], "bb_nodes": sv["nodes"]}
+
+
+def run_cli(case: str, solver: str) -> dict:
+    """`titan-autopar plan` in a fresh process, timed from start to exit."""
+    exe = Path(sys.executable).with_name("titan-autopar")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "plan.json"
+        cmd = [str(exe), "plan", *CLI[case], "--solver", solver, "--out", str(out), "--timings"]
+        t0, c0 = time.perf_counter(), os.times()
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        total, c1 = time.perf_counter() - t0, os.times()
+        cpu = (c1.children_user + c1.children_system) - (c0.children_user + c0.children_system)
+        if run.returncode:
+            return {"error": f"exit {run.returncode}: {run.stderr.strip()[-300:]}"}
+        plan = json.loads(out.read_text())
+    t = plan["timings"]
+    return {"total_s": round(total, 2), "cpu_s": round(cpu, 2),
+            "trace_s": round(t["trace"]["seconds"], 2),
+            "solve_phase_s": round(t["solve"]["seconds"], 2),
+            "programs": plan["solver"]["programs"], **work(plan),
+            "nodes": t["trace"]["nodes"], "traced_nodes": t["trace"]["traced_nodes"],
+            "status": plan["solver"]["status"], "gap": plan["solver"]["gap"],
+            "predicted_step_ms": round(plan["predicted"]["step_time_s"] * 1e3, 3)}
+
+
 def run(case: str, solver: str) -> dict:
     if case in JOBS:
         return run_job(case, solver)
+    if case in CLI:
+        return run_cli(case, solver)
     flavor, names, sizes, seq, dtype, ac = CASES[case]
     t0 = time.perf_counter()
     model, _ = build_model("llama3", flavor, seq)
@@ -150,6 +202,8 @@ def run(case: str, solver: str) -> dict:
         "nodes": t["trace"]["nodes"],
         "units": t["enumerate"]["units"],
         "programs": t["solve"]["programs"],
+        **work(plan.data),
+        "traced_nodes": t["trace"]["traced_nodes"],
         "max_variables": t["solve"]["max_variables"],
         "status": plan.data["solver"]["status"],
         "gap": plan.data["solver"]["gap"],
@@ -161,15 +215,15 @@ def run(case: str, solver: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--solver", default="highs", choices=["highs", "cbc"])
-    ap.add_argument("--case", choices=sorted(CASES) + sorted(JOBS), action="append")
+    ap.add_argument("--case", choices=sorted(CASES) + sorted(CLI) + sorted(JOBS), action="append")
     a = ap.parse_args()
     out = {"benchmark": "plan_time", "solver": a.solver, "cores": os.cpu_count(),
            "load_before": round(os.getloadavg()[0], 2)}
-    cases = a.case or sorted(CASES) + sorted(JOBS)
+    cases = a.case or sorted(CASES) + sorted(CLI) + sorted(JOBS)
     for case in cases:
         cpu = time.process_time()
         out[case] = run(case, a.solver)
-        out[case]["cpu_s"] = round(time.process_time() - cpu, 2)
+        out[case].setdefault("cpu_s", round(time.process_time() - cpu, 2))
     out["load_after"] = round(os.getloadavg()[0], 2)
     rows = [out[c] for c in cases if "total_s" in out[c]]
     out["worst_gap"] = max((r["gap"] for r in rows), default=None)
