@@ -230,7 +230,8 @@ def cmd_ab(a) -> int:
     from titan_autopar.titan.ab import run_ab, table
 
     res = run_ab(a.config, nproc=a.nproc, steps=a.steps, out_dir=a.out, twin=a.twin,
-                 device=a.device, measure_now=not a.cached_profile, rounds=a.rounds)
+                 device=a.device, measure_now=not a.cached_profile, rounds=a.rounds,
+                 force=a.force)
     print(table(res))
     out = a.out or f"out/ab/{Path(a.config).stem}"
     print(f"[ab] wrote {out}/ab.json and {out}/ab.png")
@@ -323,7 +324,10 @@ def main(argv=None) -> int:
                    "config with auto = false)")
     p.add_argument("--nproc", type=_positive(int), default=4)
     p.add_argument("--steps", type=_positive(int), default=20)
-    p.add_argument("--out", default=None, help="output folder (default out/ab/<config name>)")
+    p.add_argument("--out", default=None, help="output folder (default out/ab/<config name>); "
+                   "an earlier A/B's results there are cleared")
+    p.add_argument("--force", action="store_true", help="clear --out even if it holds files an "
+                   "A/B did not write")
     p.add_argument("--rounds", type=_positive(int), default=1, help="run each arm this many "
                    "times, taking turns to go first; figures are medians over the rounds")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
