@@ -241,10 +241,9 @@ def cmd_ab(a) -> int:
 def cmd_calibrate(a) -> int:
     import subprocess
 
-    from titan_autopar.titan.launch import calibrate_command
-
     from titan_autopar.cost.profile import is_profile_file
     from titan_autopar.files import check_out_file
+    from titan_autopar.titan.launch import calibrate_command
 
     out = check_out_file(a.out, label=f"--out {a.out}", what="a hardware profile",
                          ours=is_profile_file, force=a.force, example="profile.json")
