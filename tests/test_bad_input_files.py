@@ -257,6 +257,16 @@ def test_a_plan_argument_that_is_no_file_is_refused_unread(command, odd, says, p
     assert not (tmp_path / "p.png").exists()
 
 
+@pytest.mark.parametrize("command", [
+    ["plan", "--config", "{x}", "--out", "{tmp}/p.json"],
+    ["ab", "--config", AUTO_CONFIG, "--twin", "{x}", "--out", "{tmp}/ab"],
+], ids=["plan-config", "ab-twin"])
+def test_a_config_that_is_a_pipe_is_refused_unread(command, fifo, tmp_path, capsys):
+    refused([str(a).format(x=fifo, tmp=tmp_path) for a in command], capsys,
+            f"{fifo} is not a file: give a TorchTitan TOML config")
+    assert sorted(os.listdir(tmp_path)) == ["pipe.json"]
+
+
 # ------------------------------------------------------------- reading profiles
 @pytest.mark.parametrize("odd, says", [
     ("folder", "is a folder, not a hardware profile: give a preset name (h100, h200, a100, "
