@@ -319,15 +319,31 @@ def test_a_job_hardware_that_is_a_folder_names_the_key(tmp_path):
 
 
 # ------------------------------------------------------------- show and calibrate --out
-def test_show_replaces_its_own_picture_and_keeps_anyone_elses(plan_file, tmp_path, capsys):
-    from titan_autopar.plan_picture import is_plan_picture
+def test_show_replaces_its_own_picture(plan_file, tmp_path, capsys):
+    import matplotlib
 
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from titan_autopar.pictures import save_png
+    from titan_autopar.plan_picture import PICTURE_TITLE, is_plan_picture
+
     ours = tmp_path / "plan.png"
-    assert cli(["show", plan_file, "--out", ours], capsys)[0] == 0
+    fig = plt.figure(figsize=(1, 1))
+    save_png(fig, ours, PICTURE_TITLE)  # an earlier picture, marked as show marks its own
+    plt.close(fig)
+    before = ours.read_bytes()
     assert is_plan_picture(ours)
-    assert cli(["show", plan_file, "--out", ours], capsys)[0] == 0  # its own: replaced
+    assert cli(["show", plan_file, "--out", ours], capsys)[0] == 0
+    assert ours.read_bytes() != before and is_plan_picture(ours)
+
+
+def test_show_keeps_a_picture_of_the_users(plan_file, tmp_path, capsys):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     theirs = tmp_path / "holiday.png"
     fig = plt.figure()
     fig.savefig(theirs)  # a picture of the user's own, from matplotlib too
