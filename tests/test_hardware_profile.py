@@ -145,7 +145,7 @@ def test_not_json_and_missing_files_are_clear(tmp_path):
     p.write_text("{not json")
     with pytest.raises(ProfileError, match="is not JSON"):
         get_hardware(str(p))
-    with pytest.raises(ProfileError, match="does not exist: give a preset name"):
+    with pytest.raises(ProfileError, match="no such file: give a preset name"):
         get_hardware(str(tmp_path / "none.json"))
 
 

@@ -59,21 +59,26 @@ def _positive(kind):
 
 
 def check_out_path(out: str, force: bool) -> Path:
-    """Refuse, before any planning, an --out that cannot take a plan: a folder, a path under a
-    file, or an existing file that is not a plan (unless `force`)."""
+    """Refuse, before any planning, an --out that cannot take a plan (`files.check_out_file`):
+    a folder, a device or pipe, a path under a file, a name too long, or an existing file that
+    is not a plan (unless `force`)."""
+    from titan_autopar.files import check_out_file
     from titan_autopar.plan import is_plan_file
 
-    p = Path(out)
-    if p.is_dir():
-        raise ValueError(f"--out {out} is a folder: give a file name such as {p / 'plan.json'}")
-    for parent in p.parents:
-        if parent.exists() and not parent.is_dir():
-            raise ValueError(f"--out {out}: {parent} is a file, so nothing can be written under "
-                             "it; choose another --out")
-    if p.exists() and not force and not is_plan_file(p):
-        raise ValueError(f"--out {out} exists and is not a plan: refusing to overwrite it. Choose "
-                         "another --out, or add --force to replace it")
-    return p
+    return check_out_file(out, label=f"--out {out}", what="a plan", ours=is_plan_file,
+                          force=force)
+
+
+def check_profile_given(hardware: str, given_as: str) -> None:
+    """A profile path (`--hardware PATH`, a config's `[auto_parallel] hardware = "PATH"`) read
+    and checked before any work; the error names where it was given."""
+    from titan_autopar.cost.hardware import get_hardware, is_profile_path
+
+    if is_profile_path(hardware):
+        try:
+            get_hardware(hardware)
+        except ValueError as e:
+            raise ValueError(f"{given_as}: {e}") from None
 
 
 def fake_mesh(names, sizes):
@@ -122,18 +127,27 @@ def cmd_plan(a) -> int:
 
         job = planning_job(a.config)
         a.model, a.flavor, a.seq_len = job.model, job.flavor, job.seq_len
-        a.local_batch_size, a.hardware = job.local_batch_size, a.hardware or job.hardware
+        a.local_batch_size = job.local_batch_size
         a.memory_budget_gib = a.memory_budget_gib or job.memory_budget_gib
         a.activation_checkpointing = job.activation_checkpointing
         a.cp_attention = job.cp_attention if a.cp_attention is None else a.cp_attention
         a.param_dtype = job.param_dtype or "float32"  # the job computes in fp32: priced so
         a.mesh = ",".join(f"{n}={s}" for n, s in zip(job.mesh_names, job.mesh_sizes))
+    given_as = f"--hardware {a.hardware}"
+    if a.config and not a.hardware:
+        given_as = f"{a.config}: [auto_parallel] hardware = {job.hardware!r}"
+        a.hardware = job.hardware
     a.hardware = a.hardware or "h100"
     if a.search and not a.config:
         raise ValueError("--search needs --config: the degree search takes the job's rank count, "
                          "model and batch from a TorchTitan TOML")
+    if a.search or (a.config and job.search_degrees):
+        from titan_autopar.titan.search_outputs import check_search_outputs
+
+        check_search_outputs(a.out, a.force)
     if a.hardware == "calibrate":
         a.hardware = _calibrated_here(a.config, job.world_size if a.config else 1)
+    check_profile_given(a.hardware, given_as)
     names, sizes = parse_mesh(a.mesh)
     t0 = time.perf_counter()
     say = lambda s: print(f"[{time.perf_counter() - t0:6.1f}s] {s}", flush=True)  # noqa: E731
@@ -171,23 +185,17 @@ def cmd_plan(a) -> int:
 def _search(a, job, say) -> int:
     """`plan --config X --search`: rank the job's degrees, write the winner's plan, its
     [parallelism] block and the table beside --out."""
-    from titan_autopar.files import write_atomic
     from titan_autopar.titan.degree_search import search_degrees, table
+    from titan_autopar.titan.search_outputs import write_search_outputs
 
     res = search_degrees(job, hardware=a.hardware, make_mesh=fake_mesh, top=a.top, say=say,
                          solver=a.solver)
     text = table(res, a.hardware)
     print(text)
-    out = Path(a.out)
-    res.plans[res.winner.degrees].save(out, timings=a.timings)
-    stem = out.with_suffix("")
-    block, md = stem.with_suffix(".parallelism.toml"), stem.with_suffix(".search.md")
-    write_atomic(block, f"# the degrees `titan-autopar plan --config {a.config} --search` chose\n"
-           + res.winner.degrees.toml())
-    write_atomic(md, text + "\n")
+    out, block, md = write_search_outputs(a.out, res.plans[res.winner.degrees], a.config,
+                                          res.winner.degrees, text, timings=a.timings)
     say(f"wrote {out} (the winner's plan), {block} and {md}")
     return 0
-
 
 
 def cmd_explain(a) -> int:
@@ -206,11 +214,14 @@ def cmd_diff(a) -> int:
 
 def cmd_show(a) -> int:
     from titan_autopar import Plan
-    from titan_autopar.plan_picture import draw
+    from titan_autopar.files import check_out_file
+    from titan_autopar.plan_picture import draw, is_plan_picture
 
     out = Path(a.out)
-    if out.suffix.lower() != ".png" or out.is_dir():
+    if out.suffix.lower() != ".png":
         raise ValueError(f"--out {a.out}: give a .png file name, such as plan.png")
+    check_out_file(out, label=f"--out {a.out}", what="a picture `titan-autopar show` drew",
+                   ours=is_plan_picture, force=a.force, example="plan.png")
     print(f"wrote {draw(Plan.load(a.plan), out)}")
     return 0
 
@@ -219,7 +230,8 @@ def cmd_ab(a) -> int:
     from titan_autopar.titan.ab import run_ab, table
 
     res = run_ab(a.config, nproc=a.nproc, steps=a.steps, out_dir=a.out, twin=a.twin,
-                 device=a.device, measure_now=not a.cached_profile, rounds=a.rounds)
+                 device=a.device, measure_now=not a.cached_profile, rounds=a.rounds,
+                 force=a.force)
     print(table(res))
     out = a.out or f"out/ab/{Path(a.config).stem}"
     print(f"[ab] wrote {out}/ab.json and {out}/ab.png")
@@ -229,17 +241,18 @@ def cmd_ab(a) -> int:
 def cmd_calibrate(a) -> int:
     import subprocess
 
+    from titan_autopar.cost.profile import is_profile_file
+    from titan_autopar.files import check_out_file
     from titan_autopar.titan.launch import calibrate_command
 
-    out = Path(a.out)
-    if out.is_dir():
-        raise ValueError(f"--out {a.out} is a folder: give a file name such as {out / 'profile.json'}")
+    out = check_out_file(a.out, label=f"--out {a.out}", what="a hardware profile",
+                         ours=is_profile_file, force=a.force, example="profile.json")
     if a.mesh:
         sizes = [int(x) for x in a.mesh.split(",") if x.strip().isdigit()]
         if len(sizes) != len(a.mesh.split(",")) or math.prod(sizes) != a.nproc:
             raise ValueError(f"--mesh {a.mesh}: give sizes like 2,2 whose product is --nproc "
                              f"{a.nproc}")
-    cmd, env = calibrate_command(a.nproc, out, a.device, a.mesh)
+    cmd, env = calibrate_command(a.nproc, out, a.device, a.mesh, force=a.force)
     print(f"[calibrate] measuring {a.nproc} {a.device} ranks (about 35 s on CPU)", flush=True)
     run = subprocess.run(cmd, env=env)
     if run.returncode != 0:
@@ -285,7 +298,8 @@ def main(argv=None) -> int:
                    help="with --search: how many of the best-screened degrees to plan in full")
     p.add_argument("--out", default="plan.json")
     p.add_argument("--force", action="store_true",
-                   help="replace --out even if it exists and is not a plan")
+                   help="replace --out (and with --search the block and table beside it) even "
+                   "if it exists and is not what this command writes")
     p.add_argument("--timings", action="store_true", help="also write wall-clock phase timings")
     p.add_argument("--explain", action="store_true", help="print the plan's explanation")
     p.set_defaults(fn=cmd_plan)
@@ -299,6 +313,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("show", help="draw a plan: placements, memory, communication, step time")
     p.add_argument("plan")
     p.add_argument("--out", default="plan.png")
+    p.add_argument("--force", action="store_true",
+                   help="replace --out even if it exists and is not a picture this command drew")
     p.set_defaults(fn=cmd_show)
     p = sub.add_parser("ab", help="train a TorchTitan config under auto and with its expert "
                        "twin from one seed checkpoint (CPU ranks or GPUs), and compare")
@@ -307,7 +323,10 @@ def main(argv=None) -> int:
                    "config with auto = false)")
     p.add_argument("--nproc", type=_positive(int), default=4)
     p.add_argument("--steps", type=_positive(int), default=20)
-    p.add_argument("--out", default=None, help="output folder (default out/ab/<config name>)")
+    p.add_argument("--out", default=None, help="output folder (default out/ab/<config name>); "
+                   "an earlier A/B's results there are cleared")
+    p.add_argument("--force", action="store_true", help="clear --out even if it holds files an "
+                   "A/B did not write")
     p.add_argument("--rounds", type=_positive(int), default=1, help="run each arm this many "
                    "times, taking turns to go first; figures are medians over the rounds")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
@@ -323,6 +342,8 @@ def main(argv=None) -> int:
                    "(default: all ranks in one dim)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--out", default="profile.json")
+    p.add_argument("--force", action="store_true",
+                   help="replace --out even if it exists and is not a hardware profile")
     p.set_defaults(fn=cmd_calibrate)
     a = ap.parse_args(argv)
     try:

@@ -1,8 +1,10 @@
 """Reading a plan file safely: every field checked, every failure one `PlanError`.
 
 A plan is a file people edit, copy and mistype, so nothing in it is trusted. `read_plan_file`
-reads the text (a missing file, a folder, binary data or JSON nested past any plan's depth are
-errors, not tracebacks), parses it (duplicate keys and NaN are refused) and `check_plan_data`
+reads the text through `files.read_capped` (a missing file, a folder, a device or a named pipe
+are errors, not tracebacks or hangs), parses it with `strict_json` (binary data, duplicate keys,
+NaN, numbers of absurd length and JSON nested past any plan's depth are refused, naming the
+field where there is one) and `check_plan_data`
 checks each field against the schema written out in `docs/plan_format.md`: types, placement
 syntax ("R", "P", "S(d)"), one placement per mesh dim, the mesh against the fingerprint, the
 collectives' mesh dims against the mesh. Every error names the file and the field, so a person
@@ -13,13 +15,13 @@ can find what to fix. What needs the model itself (a Shard dim beyond a tensor's
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from pathlib import Path
+
+from titan_autopar import strict_json
+from titan_autopar.files import read_capped
 
 SCHEMA_VERSION = 2  # 2: manual regions (`manual_regions` replaces `opaque_blocks`)
-MAX_PLAN_BYTES = 1 << 30
 _PLACEMENT = re.compile(r"^(R|P|S\((0|[1-9][0-9]{0,2})\))$")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 REGION_STYLES = ("user", "data_parallel", "torchtitan_ep")
@@ -36,48 +38,19 @@ def _fail(source, where: str, what: str):
 
 def read_plan_file(path) -> dict:
     """The JSON object in the file at `path`, or PlanError saying why there is none."""
-    p = Path(path)
-    if not p.exists():
-        raise PlanError(f"{p}: no such file: give the path of a plan saved by `titan-autopar "
-                        "plan` or by a job's save_plan")
-    if p.is_dir():
-        raise PlanError(f"{p} is a folder, not a plan file: give the path of a .json plan")
-    try:
-        if p.stat().st_size > MAX_PLAN_BYTES:
-            raise PlanError(f"{p} is {p.stat().st_size} bytes, larger than any plan: not a plan")
-        raw = p.read_bytes()
-    except OSError as e:
-        raise PlanError(f"{p} cannot be read: {e.strerror}") from None
-    return parse_plan_text(raw, p)
-
-
-def _no_duplicates(pairs):
-    out = {}
-    for k, v in pairs:
-        if k in out:
-            raise PlanError(f"key {k!r} appears twice in one object")
-        out[k] = v
-    return out
-
-
-def _no_constants(name):
-    raise PlanError(f"{name} is not a number a plan can hold")
+    raw = read_capped(path, name=str(path), what="a plan", error=PlanError,
+                      fix="give the path of a plan saved by `titan-autopar plan` or by a job's "
+                      "save_plan")
+    return parse_plan_text(raw, path)
 
 
 def parse_plan_text(raw: bytes | str, source) -> dict:
     try:
-        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-    except UnicodeDecodeError:
-        raise PlanError(f"{source} is not a plan: not UTF-8 text (a binary file?)") from None
-    try:
-        d = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
-    except PlanError as e:
-        raise PlanError(f"{source} is not a valid plan: {e}") from None
-    except json.JSONDecodeError as e:
-        raise PlanError(f"{source} is not a plan: not JSON ({e})") from None
-    except RecursionError:
-        raise PlanError(f"{source} is not a plan: its JSON is nested deeper than any plan's") \
-            from None
+        d = strict_json.loads(raw, "plan")
+    except strict_json.JsonProblem as e:
+        if e.where:
+            raise PlanError(f"{source}: {e.where}: {e.what}") from None
+        raise PlanError(f"{source} is not a plan: {e.what}") from None
     if not isinstance(d, dict) or "schema_version" not in d:
         raise PlanError(f"{source} is not a titan_autopar plan (no schema_version)")
     return d

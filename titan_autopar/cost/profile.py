@@ -30,8 +30,9 @@ import platform
 from dataclasses import fields
 from pathlib import Path
 
+from titan_autopar import strict_json
 from titan_autopar.cost.hardware import Hardware
-from titan_autopar.files import write_atomic
+from titan_autopar.files import read_capped, write_atomic
 
 FORMAT, VERSION = "titan_autopar.hardware_profile", 1
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
@@ -96,22 +97,40 @@ def write_profile(path, name: str, measured_on: dict, hardware: Hardware, measur
     return write_atomic(path, json.dumps(doc, indent=1) + "\n")
 
 
+def _suggest(path) -> str:
+    """A profile file name to write for `path`: a file in it where `path` is a folder."""
+    try:
+        return str(Path(path) / "profile.json") if Path(path).is_dir() else str(path)
+    except (OSError, ValueError):
+        return "profile.json"
+
+
+def is_profile_file(path) -> bool:
+    """True if `path` holds a hardware profile this version loads (every field checks)."""
+    try:
+        hardware_from_profile(path)
+        return True
+    except ProfileError:
+        return False
+
+
 def _fail(path, field: str, why: str, fix: str = "") -> None:
-    fix = fix or ("make a new one with `titan-autopar calibrate --out " + str(path) + "`")
+    fix = fix or ("make a new one with `titan-autopar calibrate --out " + _suggest(path) + "`")
     raise ProfileError(f"hardware profile {path}: {field} {why}; {fix}")
 
 
 def read_profile(path) -> dict:
     """The profile's JSON, checked; raises ProfileError naming the field."""
-    p = Path(path)
-    if not p.is_file():
-        raise ProfileError(f"hardware profile {path} does not exist: give a preset name "
-                           f"(h100, h200, a100, b200, cpu) or a file written by "
-                           f"`titan-autopar calibrate --out {path}`")
+    raw = read_capped(path, name=f"hardware profile {path}", what="a hardware profile",
+                      error=ProfileError, fix="give a preset name (h100, h200, a100, b200, cpu) "
+                      f"or a file written by `titan-autopar calibrate --out {_suggest(path)}`")
     try:
-        doc = json.loads(p.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        _fail(path, "the file", f"is not JSON ({e})")
+        doc = strict_json.loads(raw, "hardware profile")
+    except strict_json.JsonProblem as e:
+        if e.where:
+            _fail(path, e.where, f"holds {e.what}")
+        _fail(path, "the file", f"is {e.what}" if e.what.startswith("not ") else
+              f"is not a profile: {e.what}")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         _fail(path, "format", f"is {doc.get('format') if isinstance(doc, dict) else doc!r:.60}, "
               f"not {FORMAT!r}: this is not a hardware profile")

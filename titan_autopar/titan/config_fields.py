@@ -26,7 +26,10 @@ class AutoParallel:
     save_plan: str = ""
     """Write the plan (JSON) here; a relative path is under the job's dump folder. A job that
     restarts (e.g. to resume from a checkpoint) finds it there and replays it when it was made
-    for the same model, batch, mesh and settings, instead of solving again."""
+    for the same model, batch, mesh and settings, instead of solving again. A file there that
+    is not a plan stops the job before it plans, unless `save_plan_force`."""
+    save_plan_force: bool = False
+    """Let `save_plan` replace a file that is not a plan (never a folder, device or pipe)."""
     search_degrees: bool = False
     """`titan-autopar plan --config` searches this job's degrees (as with --search): it ranks the
     factorizations of its ranks into dp_replicate x dp_shard x tp (x ep) by predicted tokens/s

@@ -27,6 +27,7 @@ import torch
 
 from titan_autopar.solve.search import Candidate, Degrees, ModelShape, candidate_degrees, rank_rows
 from titan_autopar.titan.loop_collectives import trainer_loop_collectives
+from titan_autopar.titan.search_outputs import TABLE_END, TABLE_HEAD
 
 GiB = 1024 ** 3
 KEY = "tokens_per_gpu_s"
@@ -188,9 +189,7 @@ def _job_degrees(job) -> tuple[int, int, int, int, int]:
 
 def table(res: SearchResult, hardware: str) -> str:
     """The ranked table: planned rows first, then screened, then those set aside (with why)."""
-    head = ("| degrees | auto step (ms) | recipe step (ms) | tokens/s per GPU | peak GiB | "
-            "stage |\n|---|---|---|---|---|---|")
-    lines = [head]
+    lines = [TABLE_HEAD]
     for c in res.rows:
         r = c.results
         mark = " **(winner)**" if c is res.winner else ""
@@ -215,5 +214,4 @@ def table(res: SearchResult, hardware: str) -> str:
     elif own is res.winner:
         why += (f": the job's own degrees; its {w['recipe']} recipe is predicted at "
                 f"{num(w['recipe_tokens_per_gpu_s'])}")
-    return "\n".join(lines) + "\n\n" + why + (f". Searched in {res.seconds:.0f} s. All figures "
-                                              "are predictions of the cost model.")
+    return "\n".join(lines) + "\n\n" + why + f". Searched in {res.seconds:.0f} s. {TABLE_END}"

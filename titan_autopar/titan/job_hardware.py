@@ -17,7 +17,9 @@ import logging
 import torch.distributed as dist
 
 from titan_autopar.cost.hardware import is_profile_path
-from titan_autopar.cost.profile import cached_profile_path, check_machine, this_machine
+from titan_autopar.cost.profile import (ProfileError, cached_profile_path, check_machine,
+                                        is_profile_file, this_machine)
+from titan_autopar.files import check_out_file
 
 CALIBRATE = "calibrate"
 
@@ -39,9 +41,15 @@ def resolve_hardware(job_config, log: logging.Logger | None = None) -> str:
     device = job_device()
     me = this_machine(device)
     if hw != CALIBRATE:
-        check_machine(hw, me)
+        try:
+            check_machine(hw, me)
+        except ProfileError as e:
+            raise ProfileError(f"[auto_parallel] hardware = {hw!r}: {e}") from None
         return hw
     path = cached_profile_path(me["fingerprint"])
+    # a folder, device or pipe in the cache would be refused after the measuring, not before
+    check_out_file(path, label=f"the profile cache's {path}", what="a hardware profile",
+                   ours=is_profile_file, force=True, example="profile.json")
     have = [path.is_file()]
     if dist.is_initialized():  # rank 0's answer for all, so every rank measures or none does
         dist.broadcast_object_list(have, src=0)

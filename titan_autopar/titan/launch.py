@@ -46,14 +46,15 @@ def torchrun_command(config: str | os.PathLike, nproc: int, extra_args=(),
 
 
 def calibrate_command(nproc: int, out: str | os.PathLike, device: str = "cpu",
-                      mesh: str = "") -> tuple[list[str], dict]:
+                      mesh: str = "", force: bool = False) -> tuple[list[str], dict]:
     """(command, environment) that measures `nproc` ranks of this machine as the jobs run them
-    (CPU ranks with one thread each) and writes the profile to `out`."""
+    (CPU ranks with one thread each) and writes the profile to `out` (`force`: even over a
+    file that is not a profile)."""
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, got {nproc}")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={nproc}", "-m", "titan_autopar.cost.calibrate", "--out", str(out),
-           "--device", device] + (["--mesh", mesh] if mesh else [])
+           "--device", device] + (["--mesh", mesh] if mesh else []) + (["--force"] if force else [])
     env = dict(os.environ)
     if device == "cpu":
         env.setdefault("OMP_NUM_THREADS", "1")  # as the CPU jobs run: one thread per rank
