@@ -1,0 +1,139 @@
+"""Bad numbers, configs and flags, as a new user meets them: each ends in one line that names
+the flag, `[section] key`, field or file and what to write instead, before any tracing,
+solving, measuring or training. A bad job config is refused alike by `titan-autopar plan
+--config` and by the job itself (what each rank runs first, `job_parse.parse_job`, and the
+switch TorchTitan's trainer calls); CLI cases run `titan-autopar` in this process (exit code 2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from test_bad_input import cli
+from titan_autopar.titan.config_check import ConfigError
+from titan_autopar.titan.job_parse import parse_job
+
+REPO = Path(__file__).resolve().parents[1]
+AUTO4 = REPO / "train_configs/llama3_debug_cpu_auto4.toml"
+MODULE_LINE = 'custom_config_module = "titan_autopar.titan.job_config"'
+
+
+def one_line(text: str) -> bool:
+    return len(text.strip().splitlines()) == 1
+
+
+def job_copy(tmp_path: Path, edit, source: Path = AUTO4, name: str = "job.toml") -> Path:
+    """An edited copy of a config in train_configs/; the edit must change it."""
+    text = source.read_text()
+    new = edit(text)
+    assert new != text, "the edit did not apply"
+    out = tmp_path / name
+    out.write_text(new)
+    return out
+
+
+def sub(old: str, new: str):
+    return lambda t: t.replace(old, new)
+
+
+def in_auto_parallel(line: str):
+    return sub("[auto_parallel]\n", f"[auto_parallel]\n{line}\n")
+
+
+# ---------------------------------------------------------------- one config, both roads
+VALUE_ROWS = [
+    (sub("local_batch_size = 2", "local_batch_size = 9223372036854775807"),
+     "[training] local_batch_size = 9223372036854775807: it must be at least 1 and at most 65536"),
+    (sub("seq_len = 256", "seq_len = -1"), "[training] seq_len = -1: it must be at least 1"),
+    (sub("seq_len = 256", "seq_len = 99999999999"), "write seq_len = 16777216 or less"),
+    (sub("tensor_parallel_degree = 1", "tensor_parallel_degree = 0"),
+     "[parallelism] tensor_parallel_degree = 0: a degree is a whole number from 1"),
+    (sub("tensor_parallel_degree = 1", "tensor_parallel_degree = -2"),
+     "[parallelism] tensor_parallel_degree = -2: a degree is a whole number from 1"),
+    (sub("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 0"),
+     "[parallelism] data_parallel_replicate_degree = 0: a degree is"),
+    (sub("expert_parallel_degree = 1", "expert_parallel_degree = 0"),
+     "[parallelism] expert_parallel_degree = 0: a degree is a whole number from 1"),
+    (sub("data_parallel_shard_degree = 4", "data_parallel_shard_degree = 0"),
+     "or -1 for the ranks the other degrees leave; write data_parallel_shard_degree = -1"),
+    (sub('hardware = "calibrate"', 'hardware = ""'),
+     "[auto_parallel] hardware = '': unknown hardware: name a preset (a100, b200, cpu, h100, h200)"),
+    (sub('hardware = "calibrate"', 'hardware = "tpu9"'), "[auto_parallel] hardware = 'tpu9'"),
+    (in_auto_parallel('solver = "gurobi"'),
+     "[auto_parallel] solver = 'gurobi': it must be one of 'highs', 'cbc', 'joint'"),
+    (in_auto_parallel("time_limit_s = -1"),
+     "[auto_parallel] time_limit_s = -1: it must be at least 0"),
+    (in_auto_parallel("memory_budget_gib = 1e300"),
+     "[auto_parallel] memory_budget_gib = 1e+300: it must be at least 0 and at most 1048576"),
+    (in_auto_parallel("memory_budget_gib = nan"), "[auto_parallel] memory_budget_gib = nan"),
+    (in_auto_parallel('cp_attention = "rings"'), "[auto_parallel] cp_attention = 'rings'"),
+]
+KEY_ROWS = [
+    (in_auto_parallel("memory_budget_gb = 3"),
+     "[auto_parallel] memory_budget_gb is not a key of [auto_parallel]: did you mean "
+     "memory_budget_gib?"),
+    (sub("[training]", "[trainin]"),
+     "[trainin] is not a section of a TorchTitan job: did you mean [training]?"),
+    (sub("titan_autopar.titan.job_config", "titan_autopar.titan.job_confg"),
+     "[job] custom_config_module = 'titan_autopar.titan.job_confg' is not a module Python can "
+     f"import; for the auto switch write {MODULE_LINE}"),
+    (sub(MODULE_LINE, ""), "[parallelism] auto is read through titan_autopar's config module, "
+     f"which [job] does not name: add the line {MODULE_LINE} under [job]"),
+]
+ROWS = VALUE_ROWS + KEY_ROWS
+
+
+@pytest.mark.parametrize("edit, says", ROWS)
+def test_plan_config_refuses(edit, says, tmp_path, capsys):
+    cfg = job_copy(tmp_path, edit)
+    out = tmp_path / "p.json"
+    code, text = cli(["plan", "--config", cfg, "--out", out], capsys)
+    assert code == 2 and says in text and str(cfg) in text and one_line(text), text
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("edit, says", ROWS)
+def test_the_job_refuses_alike(edit, says, tmp_path):
+    """What each rank of a CPU job runs before the trainer: the same words as plan --config."""
+    cfg = job_copy(tmp_path, edit)
+    with pytest.raises(ConfigError) as e:
+        parse_job(["--job.config_file", str(cfg)])
+    assert says in str(e.value) and str(cfg) in str(e.value) and one_line(str(e.value))
+
+
+@pytest.mark.parametrize("edit, says", VALUE_ROWS)
+def test_the_switch_refuses_alike(edit, says, tmp_path):
+    """A job TorchTitan's own entry point parsed (no titan_autopar code before it): the switch
+    refuses it before planning, in the same words."""
+    from torchtitan.config import ConfigManager
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    cfg = job_copy(tmp_path, edit)
+    job = ConfigManager().parse_args(["--job.config_file", str(cfg)])
+    with pytest.raises(ConfigError) as e:
+        get_train_spec("llama3").parallelize_fn(None, None, job)
+    assert says in str(e.value) and str(cfg) in str(e.value)
+
+
+@pytest.mark.parametrize("degrees, says", [
+    (dict(tp=0), "[parallelism] tensor_parallel_degree = 0: a degree is a whole number from 1"),
+    (dict(ep=0), "[parallelism] expert_parallel_degree = 0: a degree is a whole number from 1"),
+    (dict(dp_replicate=-3), "[parallelism] data_parallel_replicate_degree = -3"),
+])
+def test_the_trainers_degree_check_names_a_degree_of_0(degrees, says):
+    """TorchTitan's degree validation, as the config module replaces it (every job's first
+    check): a degree below 1 is named, not divided by or asserted on."""
+    from titan_autopar.titan.degree_check import degree_problem
+
+    given = dict(world=4, dp_replicate=1, dp_shard=4, cp=1, tp=1, pp=1, ep=1) | degrees
+    assert says in degree_problem(**given)
+
+
+def test_the_launcher_refuses_before_starting_ranks(tmp_path):
+    from titan_autopar.titan.launch import launch
+
+    cfg = job_copy(tmp_path, sub(MODULE_LINE, ""))
+    with pytest.raises(ConfigError, match="add the line custom_config_module"):
+        launch(cfg, 1, stream=False, timeout=5)
