@@ -7,11 +7,14 @@ switch TorchTitan's trainer calls); CLI cases run `titan-autopar` in this proces
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from test_bad_input import cli
+from test_bad_input import PLAN_ARGS, cli
+from titan_autopar.cost.hardware import PRESETS, Hardware, check_figures, get_hardware
+from titan_autopar.cost.profile import ProfileError, machine_description, write_profile
 from titan_autopar.titan.config_check import ConfigError
 from titan_autopar.titan.job_parse import parse_job
 
@@ -137,3 +140,66 @@ def test_the_launcher_refuses_before_starting_ranks(tmp_path):
     cfg = job_copy(tmp_path, sub(MODULE_LINE, ""))
     with pytest.raises(ConfigError, match="add the line custom_config_module"):
         launch(cfg, 1, stream=False, timeout=5)
+
+
+# ---------------------------------------------------------------- hardware profiles
+@pytest.fixture(scope="module")
+def profile_doc(tmp_path_factory) -> dict:
+    path = tmp_path_factory.mktemp("profile") / "profile.json"
+    write_profile(path, "cpu-here", machine_description("cpu", "gloo", 4, 4, 1), PRESETS["cpu"], {})
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("compute_efficiency", 0, "must be a number > 0 and <= 1, found 0"),
+    ("compute_efficiency", 1.5, "must be a number > 0 and <= 1, found 1.5"),
+    ("overlap_efficiency", 5, "must be a number >= 0 and <= 1, found 5"),
+    ("compute_scale", 0, "must be a number > 0, found 0"),
+    ("gpus_per_node", 2.5, "must be a whole number >= 1, found 2.5"),
+    ("hbm_bytes", 0, "must be a number > 0, found 0"),
+    ("launch_overhead", -1e-6, "must be a number >= 0, found -1e-06"),
+    ("peak_fp32_flops", "fast", "must be a number > 0, found 'fast'"),
+])
+def test_profile_figures_out_of_range(field, value, says, profile_doc, tmp_path, capsys):
+    doc = json.loads(json.dumps(profile_doc))
+    doc["hardware"][field] = value
+    bad = tmp_path / "profile.json"
+    bad.write_text(json.dumps(doc))
+    code, text = cli(PLAN_ARGS + ["--hardware", bad, "--out", tmp_path / "p.json"], capsys)
+    assert code == 2 and f"hardware profile {bad}: hardware.{field} {says}" in text, text
+    assert "titan-autopar calibrate --out" in text and one_line(text)
+
+
+def test_a_hardware_of_ones_own_is_held_to_the_ranges():
+    with pytest.raises(ValueError, match="compute_efficiency must be a number > 0 and <= 1"):
+        get_hardware(Hardware(**{**PRESETS["h100"].as_dict(), "compute_efficiency": 0}))
+
+
+def test_the_presets_are_within_the_ranges():
+    for hw in PRESETS.values():
+        assert check_figures(hw) is hw
+
+
+# ---------------------------------------------------------------- the profile cache
+@pytest.fixture
+def cache_is_a_file(tmp_path, monkeypatch) -> Path:
+    f = tmp_path / "cache"
+    f.write_text("not a folder")
+    monkeypatch.setenv("TITAN_AUTOPAR_CACHE", str(f))
+    return f
+
+
+def test_plan_with_a_cache_that_is_a_file(cache_is_a_file, tmp_path, capsys):
+    code, text = cli(["plan", "--config", AUTO4, "--out", tmp_path / "p.json"], capsys)
+    assert code == 2 and f"TITAN_AUTOPAR_CACHE={cache_is_a_file} is a file, not a folder" in text
+    assert cache_is_a_file.read_text() == "not a folder"
+
+
+def test_a_calibrating_job_with_a_cache_that_is_a_file(cache_is_a_file):
+    """The job's hardware step refuses before it measures anything."""
+    from titan_autopar.titan.job_hardware import resolve_hardware
+
+    job = parse_job(["--job.config_file", str(AUTO4)])
+    with pytest.raises(ProfileError, match="is a file, not a folder: hardware = \"calibrate\""):
+        resolve_hardware(job)
+    assert cache_is_a_file.read_text() == "not a folder"

@@ -135,6 +135,9 @@ def cmd_plan(a) -> int:
     if a.hardware == "calibrate":
         a.hardware = _calibrated_here(a.config, job.world_size if a.config else 1)
     names, sizes = parse_mesh(a.mesh)
+    from titan_autopar.cost.hardware import get_hardware
+
+    get_hardware(a.hardware)  # an unknown preset or a bad profile, before the model is built
     t0 = time.perf_counter()
     say = lambda s: print(f"[{time.perf_counter() - t0:6.1f}s] {s}", flush=True)  # noqa: E731
     if a.search or (a.config and job.search_degrees):
