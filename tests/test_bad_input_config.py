@@ -7,12 +7,20 @@ switch TorchTitan's trainer calls); CLI cases run `titan-autopar` in this proces
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from test_bad_input import PLAN_ARGS, cli
+from titan_autopar import plan_model
+from titan_autopar.cli import fake_mesh
 from titan_autopar.cost.hardware import PRESETS, Hardware, check_figures, get_hardware
 from titan_autopar.cost.profile import ProfileError, machine_description, write_profile
 from titan_autopar.titan.config_check import ConfigError
@@ -43,6 +51,38 @@ def sub(old: str, new: str):
 
 def in_auto_parallel(line: str):
     return sub("[auto_parallel]\n", f"[auto_parallel]\n{line}\n")
+
+
+# ---------------------------------------------------------------- plan flags
+@pytest.mark.parametrize("args, says", [
+    (["--seq-len", "99999999999999999999"], "argument --seq-len: must be at most 16777216"),
+    (["--local-batch-size", "9223372036854775807"],
+     "argument --local-batch-size: must be at most 65536"),
+    (["--memory-budget-gib", "1e300"], "argument --memory-budget-gib: must be at most 1048576"),
+    (["--mesh", "dp_shard=²"], "--mesh: size of 'dp_shard' must be a positive integer (a whole "
+     "number such as 8, in the digits 0-9), got '²'"),
+    (["--mesh", "dp_shard=2.5"], "size of 'dp_shard' must be a positive integer"),
+    (["--top", "3"], "--top counts the degrees the search plans in full, so it needs --search"),
+    (["--hardware", "calibrate"], "--hardware calibrate measures the ranks of a job, so it needs "
+     "--config JOB.toml"),
+])
+def test_plan_flags(args, says, tmp_path, capsys):
+    out = tmp_path / "p.json"
+    base = list(PLAN_ARGS)
+    for flag, value in zip(args[::2], args[1::2]):
+        if flag in base:
+            base[base.index(flag) + 1] = value
+        else:
+            base += [flag, value]
+    code, text = cli(base + ["--out", out], capsys)
+    assert code == 2 and says in text and one_line(text), text
+    assert not out.exists()
+
+
+def test_the_api_refuses_an_absurd_budget():
+    with pytest.raises(ValueError, match="memory_budget_gib must be at most 1048576, got 1e"):
+        plan_model(torch.nn.Linear(4, 4), fake_mesh(("dp_shard",), (2,)), (torch.zeros(2, 4),),
+                   memory_budget_gib=1e300, progress=lambda s: None)
 
 
 # ---------------------------------------------------------------- one config, both roads
@@ -142,6 +182,61 @@ def test_the_launcher_refuses_before_starting_ranks(tmp_path):
         launch(cfg, 1, stream=False, timeout=5)
 
 
+# ---------------------------------------------------------------- flags override the config
+@pytest.fixture(scope="module")
+def overridden(tmp_path_factory):
+    """One plan of a job whose every setting a flag overrides (the job says hardware =
+    "calibrate", solver "cbc", no checkpointing, fp32, 4 ranks, seq 256 x 2)."""
+    tmp = tmp_path_factory.mktemp("overridden")
+    cfg = job_copy(tmp, in_auto_parallel('solver = "cbc"\ncp_attention = "cheapest"'))
+    out = tmp / "plan.json"
+    code = _main(["plan", "--config", cfg, "--hardware", "cpu", "--solver", "highs",
+                  "--activation-checkpointing", "full", "--memory-budget-gib", "3",
+                  "--seq-len", "32", "--local-batch-size", "1", "--mesh", "dp_shard=2",
+                  "--param-dtype", "bfloat16", "--cp-attention", "ring", "--out", out])
+    assert code == 0
+    return json.loads(out.read_text())
+
+
+def _main(args) -> int:
+    from titan_autopar.cli import main
+
+    with contextlib.redirect_stdout(None):
+        return main([str(a) for a in args])
+
+
+@pytest.mark.parametrize("field, want", [
+    (lambda p: p["hardware"]["name"], "cpu"),
+    (lambda p: p["solver"]["name"], "highs"),
+    (lambda p: p["activation_checkpointing"], "full"),
+    (lambda p: p["memory_budget_gib"], 3.0),
+    (lambda p: p["fingerprint"]["inputs"], [[[2, 32], "torch.int64"]]),
+    (lambda p: (p["mesh"]["names"], p["mesh"]["shape"]), (["dp_shard"], [2])),
+    (lambda p: p["param_dtype"], "bfloat16"),
+    (lambda p: p["cp_attention"], "ring"),
+], ids=["hardware", "solver", "checkpointing", "budget", "seq_len+batch", "mesh", "dtype", "cp"])
+def test_every_flag_given_overrides_the_config(field, want, overridden):
+    assert field(overridden) == want
+
+
+def test_the_search_takes_the_budget_flag(tmp_path, capsys):
+    code, text = cli(["plan", "--config", AUTO4, "--search", "--hardware", "cpu",
+                      "--memory-budget-gib", "0.01", "--out", tmp_path / "p.json"], capsys)
+    assert code == 2 and "no degrees for 4 ranks fit" in text and "(budget 0.01)" in text, text
+
+
+def test_the_search_refuses_a_mesh_flag(tmp_path, capsys):
+    code, text = cli(["plan", "--config", AUTO4, "--search", "--mesh", "dp_shard=4",
+                      "--out", tmp_path / "p.json"], capsys)
+    assert code == 2 and "--mesh with --search: the search chooses the mesh" in text, text
+
+
+def test_plan_out_in_a_read_only_folder(capsys):
+    with read_only_folder() as ro:
+        code, text = cli(PLAN_ARGS + ["--out", ro / "plan.json"], capsys)
+    assert code == 2 and f"--out {ro / 'plan.json'}: the folder {ro} cannot be written" in text
+
+
 # ---------------------------------------------------------------- hardware profiles
 @pytest.fixture(scope="module")
 def profile_doc(tmp_path_factory) -> dict:
@@ -178,6 +273,57 @@ def test_a_hardware_of_ones_own_is_held_to_the_ranges():
 def test_the_presets_are_within_the_ranges():
     for hw in PRESETS.values():
         assert check_figures(hw) is hw
+
+
+# ---------------------------------------------------------------- calibrate
+@contextlib.contextmanager
+def read_only_folder():
+    """A folder this process cannot write into; as root (who writes anywhere) the folder is met
+    as an ordinary user meets it, with the effective user id of `nobody`."""
+    base = Path(tempfile.mkdtemp(prefix="titan_autopar_ro_"))
+    ro = base / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    base.chmod(0o755)
+    root = os.geteuid() == 0
+    try:
+        if root:
+            os.seteuid(65534)
+        yield ro
+    finally:
+        if root:
+            os.seteuid(0)
+        ro.chmod(0o755)
+        shutil.rmtree(base)
+
+
+def test_calibrate_into_a_read_only_folder(capsys):
+    importlib.import_module("titan_autopar.titan.launch")  # read before the user id changes
+
+    with read_only_folder() as ro:
+        code, text = cli(["calibrate", "--nproc", "1", "--out", ro / "profile.json"], capsys)
+        assert not (ro / "profile.json").exists()
+    assert code == 2 and f"the folder {ro} cannot be written (Permission denied)" in text, text
+    assert "measuring" not in text and one_line(text)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--device", "cuda", "--nproc", str(torch.cuda.device_count() + 1)],
+     f"torch sees {torch.cuda.device_count()} CUDA GPU(s) on this machine"),
+    (["--mesh", "2,²", "--nproc", "4"], "--mesh 2,²: each size must be a positive integer"),
+    (["--mesh", "2,3", "--nproc", "4"], "whose product is --nproc 4"),
+])
+def test_calibrate_flags(args, says, tmp_path, capsys):
+    out = tmp_path / "profile.json"
+    code, text = cli(["calibrate", *args, "--out", out], capsys)
+    assert code == 2 and says in text and "measuring" not in text and one_line(text), text
+    assert not out.exists()
+
+
+def test_calibrate_under_a_file(tmp_path, capsys):
+    (tmp_path / "notes").write_text("x")
+    code, text = cli(["calibrate", "--out", tmp_path / "notes" / "p.json"], capsys)
+    assert code == 2 and "is a file, so nothing can be written under it" in text
 
 
 # ---------------------------------------------------------------- the profile cache
