@@ -28,6 +28,7 @@ from titan_autopar.titan.job_parse import parse_job
 
 REPO = Path(__file__).resolve().parents[1]
 AUTO4 = REPO / "train_configs/llama3_debug_cpu_auto4.toml"
+FSDP4 = REPO / "train_configs/llama3_debug_cpu_fsdp4.toml"
 MODULE_LINE = 'custom_config_module = "titan_autopar.titan.job_config"'
 
 
@@ -349,3 +350,27 @@ def test_a_calibrating_job_with_a_cache_that_is_a_file(cache_is_a_file):
     with pytest.raises(ProfileError, match="is a file, not a folder: hardware = \"calibrate\""):
         resolve_hardware(job)
     assert cache_is_a_file.read_text() == "not a folder"
+
+
+# ---------------------------------------------------------------- ab
+@pytest.mark.parametrize("twin, says", [
+    (lambda tmp: REPO / "train_configs/llama4_debug_cpu_fsdp4_ep4.toml",
+     "[model] name = 'llama4' where --config has 'llama3'"),
+    (lambda tmp: job_copy(tmp, sub('flavor = "debugmodel"', 'flavor = "8B"'), FSDP4, "twin.toml"),
+     "[model] flavor = '8B' where --config has 'debugmodel'"),
+    (lambda tmp: job_copy(tmp, sub('dtype = "float32"', 'dtype = "bfloat16"'), FSDP4, "twin.toml"),
+     "[training] dtype = 'bfloat16' where --config has 'float32'"),
+    (lambda tmp: job_copy(tmp, sub("[parallelism]\n", "[parallelism]\nauto = false\n"), FSDP4,
+                          "twin.toml"), "add the line custom_config_module"),
+])
+def test_ab_checks_the_twin_first(twin, says, tmp_path, capsys):
+    out = tmp_path / "ab"
+    code, text = cli(["ab", "--config", AUTO4, "--twin", twin(tmp_path), "--out", out], capsys)
+    assert code == 2 and says in text and one_line(text), text
+    assert not out.exists()  # nothing ran, not even the seed checkpoint
+
+
+def test_ab_config_with_a_misspelt_module(tmp_path, capsys):
+    cfg = job_copy(tmp_path, sub("titan_autopar.titan.job_config", "titan_autopar.titan.jobconfig"))
+    code, text = cli(["ab", "--config", cfg, "--out", tmp_path / "ab"], capsys)
+    assert code == 2 and "is not a module Python can import; for the auto switch write" in text
