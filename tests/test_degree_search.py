@@ -56,6 +56,8 @@ def test_cp_round_bounds_the_sequence_and_counts_cp_in_the_state_floor():
 
 
 CONFIG = """
+[job]
+custom_config_module = "titan_autopar.titan.job_config"
 [model]
 name = "llama3"
 flavor = "debugmodel"

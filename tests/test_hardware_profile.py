@@ -126,7 +126,7 @@ def _profile(tmp_path, edit) -> Path:
     (lambda d: d.update(version=0), "version is 0; this titan_autopar reads version 1 (the profile is stale)"),
     (lambda d: d.update(format="x"), "not a hardware profile"),
     (lambda d: d["hardware"].pop("peak_fp32_flops"), "hardware.peak_fp32_flops is missing"),
-    (lambda d: d["hardware"].update(hbm_bandwidth=-1), "hardware.hbm_bandwidth must be a number >= 0"),
+    (lambda d: d["hardware"].update(hbm_bandwidth=-1), "hardware.hbm_bandwidth must be a number > 0"),
     (lambda d: d["hardware"].update(hbm_bandwidth="fast"), "hardware.hbm_bandwidth must be a number"),
     (lambda d: d["hardware"].update(warp_speed=9), "hardware.warp_speed is not a figure"),
     (lambda d: d["hardware"].update(collective_fits=[["all_gather", 1, 0, 0]]),

@@ -31,6 +31,7 @@ from titan_autopar.graph.attention import flex_modules
 from titan_autopar.graph.blocks import find_blocks
 from titan_autopar.graph.manual import resolve_all
 from titan_autopar.graph.trace import trace_joint
+from titan_autopar.limits import MAX_MEMORY_BUDGET_GIB
 from titan_autopar.plan import Plan, build_plan, fingerprint
 from titan_autopar.plan_check import check_against_graph
 from titan_autopar.solve.descent import DescentStats, descend, initial_assignment, objective_ms
@@ -159,7 +160,7 @@ def plan_model(
     """
     say = progress or log.info
     hw = get_hardware(hardware)
-    checks.positive_number("memory_budget_gib", memory_budget_gib)
+    checks.positive_number("memory_budget_gib", memory_budget_gib, most=MAX_MEMORY_BUDGET_GIB)
     checks.positive_number("time_limit_s", time_limit_s)
     check_mode(activation_checkpointing)
     if param_dtype is not None and not (isinstance(param_dtype, torch.dtype)

@@ -11,8 +11,9 @@ from TorchTitan's log (loss, tokens/s, peak memory), sets them side by side with
 predictions, and writes `ab.json` and `ab.png` (loss curves and throughput) into the output
 folder, which each A/B starts empty (`fresh_folder`): it clears an earlier A/B's results there,
 known by their layout (`foreign_in_ab_folder`), and refuses a folder that holds anything else
-unless forced. The twin may be any TorchTitan config,
-with or without this package's config module. When an arm fails, the error is what its failing
+unless forced. The twin may be any TorchTitan config of the same model (`SEED_KEYS`, compared
+before anything runs), with or without this package's config module. When an arm fails, the
+error is what its failing
 rank printed.
 
 Each arm's predicted step time sits beside its measured one: auto's from its plan, the twin's
@@ -40,10 +41,13 @@ from titan_autopar.files import (FileRefused, check_out_folder, clear_folder, re
                                  write_atomic)
 from titan_autopar.pictures import png_titled, save_png
 from titan_autopar.plan import Plan, is_plan_file
-from titan_autopar.titan.config_check import read_toml
+from titan_autopar.titan.config_keys import SWITCH_MODULE
+from titan_autopar.titan.job_parse import check_job_file
 from titan_autopar.titan.launch import failed_rank_lines, launch
 
-SWITCH_MODULE = "titan_autopar.titan.job_config"
+# what the twin must share with the config to load its seed checkpoint: the same parameters
+# (model, flavor, converters that swap modules) in the same dtype
+SEED_KEYS = (("model", "name"), ("model", "flavor"), ("model", "converters"), ("training", "dtype"))
 
 _STEP = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+).*?memory:\s*([\d.]+)GiB.*?tps:\s*([\d,]+)")
 _RANK0 = re.compile(r"^(?:\[rank0\]:)?(?!\[rank[1-9])")
@@ -99,6 +103,21 @@ def twin_recipe(cfg: dict) -> str:
 
 def _has_switch(cfg: dict) -> bool:
     return cfg.get("job", {}).get("custom_config_module") == SWITCH_MODULE
+
+
+def seed_mismatch(cfg: dict, twin_cfg: dict) -> str | None:
+    """None when the twin can start from the config's seed checkpoint, else the first
+    `[section] key` whose values differ, both named (TorchTitan's defaults where a file is
+    silent)."""
+    from torchtitan.config import job_config as tt
+
+    defaults = {"model": tt.Model(), "training": tt.Training()}
+    for section, key in SEED_KEYS:
+        mine, theirs = (c.get(section, {}).get(key, getattr(defaults[section], key))
+                        for c in (cfg, twin_cfg))
+        if mine != theirs:
+            return f"[{section}] {key} = {theirs!r} where --config has {mine!r}"
+    return None
 
 
 ARM_FOLDERS = ("seed", "auto", "recipe")
@@ -249,16 +268,23 @@ def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
         raise ValueError(f"--rounds {rounds}: give how many times to run each arm, at least 1")
     config = Path(config)
     base = Path(cwd or ".")
-    cfg = read_toml(base / config)
+    cfg = check_job_file(base / config)
     if not _has_switch(cfg):
         raise ValueError(f"{config} has no [job] custom_config_module = \"{SWITCH_MODULE}\": "
                          "--config must be a job with the auto switch (see docs/user_guide.md); "
                          "the recipe goes in --twin")
-    twin_args = ["--parallelism.no-auto"]
+    twin_args, twin_cfg = ["--parallelism.no-auto"], cfg
     if twin is not None:
+        twin_cfg = check_job_file(base / twin)
+        differs = seed_mismatch(cfg, twin_cfg)
+        if differs:
+            raise ValueError(f"--twin {twin}: {differs}; both arms start from one seed checkpoint "
+                             f"of {config}'s model, so the twin must train the same model "
+                             f"({', '.join(f'[{s}] {k}' for s, k in SEED_KEYS)}): give the "
+                             "expert-recipe config of that model")
         # a twin may be any TorchTitan config; only one that names this package's config
         # module knows [parallelism] auto, and is held to its recipe with it
-        twin_args = ["--parallelism.no-auto"] if _has_switch(read_toml(base / twin)) else []
+        twin_args = ["--parallelism.no-auto"] if _has_switch(twin_cfg) else []
     out = Path(out_dir or Path("out") / "ab" / config.stem).resolve()
     fresh_folder(out, say, force)
     auto_extra = ["--parallelism.auto", "--auto_parallel.save_plan", "plan.json"]
@@ -295,7 +321,6 @@ def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
                                    + "\n".join(run.stdout.splitlines()[-15:]))
             figures[name].append(fig)
     tokens = _tokens_per_step(cfg)
-    twin_cfg = read_toml(base / twin) if twin else cfg
     plan = Plan.load(out / "auto" / "plan.json").data
     recipe = twin_recipe(twin_cfg)
     auto_s = over_rounds([_summary(f, tokens, _model_parallel(cfg)) for f in figures["auto"]])

@@ -47,7 +47,8 @@ class AutoParallel:
     (always ring attention on sequence shards, as TorchTitan's CP recipe). Sequence shards are
     contiguous under auto: context_parallel_load_balancer is set to None."""
     solver: str = "highs"
-    """highs (default, in this process) or cbc (a subprocess)."""
+    """highs (default, in this process), cbc (a subprocess) or joint (one exact program over
+    every mesh dim: a check on the default descent, for small problems only)."""
     time_limit_s: float = 0.0
     """Wall-clock guard per integer program in seconds; 0 means the planner's default (600).
     Programs stop by counted limits (gap, nodes), so plans do not depend on the machine's load;

@@ -52,8 +52,10 @@ def model_shape(model: torch.nn.Module, args, param_bytes: int = 16) -> ModelSha
 
 
 def search_degrees(job, *, hardware: str, make_mesh: Callable, top: int = 2,
-                   say: Callable[[str], None] = print, solver: str = "highs") -> SearchResult:
-    """Search the degrees of `job` (a `titan/job_file.PlanningJob`) on `hardware`."""
+                   say: Callable[[str], None] = print, solver: str = "highs",
+                   time_limit_s: float | None = None) -> SearchResult:
+    """Search the degrees of `job` (a `titan/job_file.PlanningJob`) on `hardware`; `solver` and
+    `time_limit_s` go to every plan it makes."""
     from titan_autopar import plan_model
     from titan_autopar.cost.hardware import get_hardware
     from titan_autopar.cost.memory import Precision
@@ -96,7 +98,8 @@ def search_degrees(job, *, hardware: str, make_mesh: Callable, top: int = 2,
                              dtype=torch.long)
         pd = job.param_dtype  # None: the job computes in its parameters' fp32, priced so
         return plan_model(m, mesh, (tokens,), hardware=hardware, memory_budget_gib=job.memory_budget_gib,
-                          solver=solver, activation_checkpointing=job.activation_checkpointing,
+                          solver=solver, time_limit_s=time_limit_s,
+                          activation_checkpointing=job.activation_checkpointing,
                           param_dtype=getattr(torch, pd) if pd else None,
                           precision=None if pd else Precision(exact_floats=True), progress=quiet,
                           effort=effort, trace_cache=cache, cp_attention=job.cp_attention,
