@@ -24,6 +24,9 @@ _PLACEMENT = re.compile(r"^(R|P|S\((0|[1-9][0-9]{0,2})\))$")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 REGION_STYLES = ("user", "data_parallel", "torchtitan_ep")
 CHECKPOINTING = ("none", "selective", "full")
+SOLVERS = ("highs", "cbc", "joint")
+RECIPES = ("fsdp", "fsdp_tp")
+COLLECTIVE_KINDS = ("parameter", "activation", "region")
 
 
 class PlanError(ValueError):
@@ -110,11 +113,19 @@ def _int(src, where, v, low: int = 0) -> int:
     return v
 
 
-def _num(src, where, v, low: float = 0.0) -> float:
+def _num(src, where, v, low: float | None = 0.0, unit: str = "") -> float:
+    """A finite number, at least `low` (None: any); `unit` names what it counts."""
+    want = "a number" + (f" of {unit}" if unit else "") + ("" if low is None else f" >= {low:g}")
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-        _fail(src, where, f"expected a number, found {_kind(v)}")
-    if v < low:
-        _fail(src, where, f"expected a number of at least {low}, found {v}")
+        _fail(src, where, f"expected {want}, found {_kind(v)}")
+    if low is not None and v < low:
+        _fail(src, where, f"expected {want}, found {v}")
+    return v
+
+
+def _one_of(src, where, v, allowed) -> str:
+    if v not in allowed:
+        _fail(src, where, f"found {_kind(v)}; expected one of {', '.join(allowed)}")
     return v
 
 
@@ -122,6 +133,14 @@ def _bool(src, where, v) -> bool:
     if not isinstance(v, bool):
         _fail(src, where, f"expected true or false, found {_kind(v)}")
     return v
+
+
+def _is_dtype(name: str) -> bool:
+    """A torch dtype's name as the fingerprint writes it ("torch.int64")."""
+    import torch
+
+    return name.startswith("torch.") and isinstance(
+        getattr(torch, name.removeprefix("torch."), None), torch.dtype)
 
 
 def _kind(v) -> str:
@@ -153,11 +172,17 @@ def _placements(src, where, v, ndim: int, *, absent_ok: bool = False) -> list:
 
 
 def _price(src, where, v) -> None:
+    """A price (`predicted`, or one of `recipes`): seconds and GiB, none below 0; `framework_s`
+    and `loop_s` may be absent (plans written before they were priced)."""
     _obj(src, where, v)
-    for k in ("step_time_s", "compute_s", "exposed_comm_s", "total_comm_s", "peak_memory_gib"):
-        _num(src, f"{where}.{k}", v.get(k))
+    for k in ("step_time_s", "compute_s", "exposed_comm_s", "total_comm_s"):
+        _num(src, f"{where}.{k}", v.get(k), unit="seconds")
+    for k in ("framework_s", "loop_s"):
+        if k in v:
+            _num(src, f"{where}.{k}", v[k], unit="seconds")
+    _num(src, f"{where}.peak_memory_gib", v.get("peak_memory_gib"), unit="GiB")
     for k, x in _obj(src, f"{where}.memory_gib", v.get("memory_gib")).items():
-        _num(src, f"{where}.memory_gib.{k}", x)
+        _num(src, f"{where}.memory_gib.{k}", x, unit="GiB")
 
 
 def check_plan_data(d: dict, source) -> None:
@@ -174,6 +199,8 @@ def check_plan_data(d: dict, source) -> None:
                 "manual_regions"):
         if key not in d:
             _fail(src, key, "missing: the plan is incomplete; replan with `titan-autopar plan`")
+    if "planner_revision" in d:
+        _int(src, "planner_revision", d["planner_revision"], low=1)
 
     mesh = _obj(src, "mesh", d["mesh"])
     names = _list(src, "mesh.names", mesh.get("names"))
@@ -205,7 +232,7 @@ def check_plan_data(d: dict, source) -> None:
             _fail(src, w, "expected [shape, dtype]")
         for j, s in enumerate(_list(src, f"{w}[0]", x[0])):
             _int(src, f"{w}[0][{j}]", s)
-        if not _str(src, f"{w}[1]", x[1]).startswith("torch."):
+        if not _is_dtype(_str(src, f"{w}[1]", x[1])):
             _fail(src, f"{w}[1]", f"expected a torch dtype such as 'torch.int64', found {x[1]!r}")
     fmesh = _obj(src, "fingerprint.mesh", fp.get("mesh"))
     if fmesh != {"names": names, "shape": shape}:
@@ -228,15 +255,18 @@ def check_plan_data(d: dict, source) -> None:
                 _num(src, f"{w}[3]", f[3])
         elif k != "name":
             _num(src, f"hardware.{k}", x)
-    _num(src, "memory_budget_gib", d["memory_budget_gib"])
+    _num(src, "memory_budget_gib", d["memory_budget_gib"], unit="GiB")
     if d["memory_budget_gib"] <= 0:
         _fail(src, "memory_budget_gib", "must be more than 0")
     _price(src, "predicted", d["predicted"])
     for r, p in _obj(src, "recipes", d["recipes"]).items():
+        if r not in RECIPES:
+            _fail(src, f"recipes.{r}", f"is no recipe: the priced recipes are {', '.join(RECIPES)}")
         _price(src, f"recipes.{r}", p)
 
     sv = _obj(src, "solver", d["solver"])
-    for k in ("name", "method", "status", "best_start"):
+    _one_of(src, "solver.name", sv.get("name"), SOLVERS)
+    for k in ("method", "status", "best_start"):
         _str(src, f"solver.{k}", sv.get(k))
     for k in ("gap", "objective_ms"):
         _num(src, f"solver.{k}", sv.get(k))
@@ -283,10 +313,11 @@ def check_plan_data(d: dict, source) -> None:
     rs = d.get("recipe_schedule")
     if rs is not None:
         _obj(src, "recipe_schedule", rs)
-        if rs.get("recipe") not in d.get("recipes", {}):
+        if rs.get("recipe") != "fsdp" or "fsdp" not in d["recipes"]:
             _fail(src, "recipe_schedule.recipe", f"found {_kind(rs.get('recipe'))}; expected "
-                  f"one of the priced recipes ({', '.join(d.get('recipes', {})) or 'none'}), "
-                  "or recipe_schedule null")
+                  "'fsdp' (a priced recipe of the plan's `recipes`), or recipe_schedule null")
+        _num(src, "recipe_schedule.gain_pct", rs.get("gain_pct"), low=None)
+        _str(src, "recipe_schedule.why", rs.get("why"))
     dt = d.get("param_dtype")
     if dt is not None and dt not in DTYPES:
         _fail(src, "param_dtype", f"found {_kind(dt)}; expected null or one of {', '.join(DTYPES)}")
@@ -312,13 +343,14 @@ def check_plan_data(d: dict, source) -> None:
     for i, c in enumerate(_list(src, "collectives", d["collectives"])):
         w = f"collectives[{i}]"
         _obj(src, w, c)
-        for k in ("producer", "consumer", "block", "kind", "collective"):
+        for k in ("producer", "consumer", "block", "collective"):
             _str(src, f"{w}.{k}", c.get(k))
+        _one_of(src, f"{w}.kind", c.get("kind"), COLLECTIVE_KINDS)
         if _str(src, f"{w}.mesh_dim", c.get("mesh_dim")) not in names:
             _fail(src, f"{w}.mesh_dim", f"{c['mesh_dim']!r} is not a dim of the mesh {names}")
         _int(src, f"{w}.bytes", c.get("bytes"))
         _int(src, f"{w}.count", c.get("count"), low=1)
-        _num(src, f"{w}.seconds_each", c.get("seconds_each"))
+        _num(src, f"{w}.seconds_each", c.get("seconds_each"), unit="seconds")
         _placements(src, f"{w}.from", c.get("from"), ndim)
         _placements(src, f"{w}.to", c.get("to"), ndim)
     timings = d.get("timings", {})
