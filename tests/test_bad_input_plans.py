@@ -7,16 +7,20 @@ run `titan-autopar` in this process (exit code 2, one line on stderr, no traceba
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import tiny_llama
-from titan_autopar import plan_model
+from titan_autopar import Plan, apply_plan, plan_model
 from titan_autopar.cli import fake_mesh, main
+from titan_autopar.plan_check import PlanError, check_against_graph
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "examples"))
+import manual_moe  # noqa: E402  (the example of docs/manual_regions.md)
 
 QUIET = dict(progress=lambda s: None)
 MESH = (("dp_shard", "tp"), (2, 2))
@@ -122,3 +126,118 @@ def test_every_reader_refuses_the_same_field(command, planned, tmp_path, capsys)
     code, _, err = cli([command, *args[command]], capsys)
     assert code == 2 and "recipe_schedule.gain_pct: expected a number" in err, err
     assert not picture.exists()
+
+
+# ---------------------------------------------------------------- plans against their program
+def _attention(d) -> dict:
+    return next(e for e in d["nodes"].values() if "flash_attention_for_cpu.default" in e["op"])
+
+
+def _param_node(d, jg, name) -> dict:
+    return d["nodes"][jg.param_nodes[name].name]
+
+
+def _place(name, pl):
+    """Edit parameter `name` to `pl` in `parameters` and in its graph node alike."""
+    def edit(d, jg):
+        d["parameters"][name] = pl
+        _param_node(d, jg, name)["out"][0] = pl
+    return edit
+
+
+def _head_dim(d, jg):  # q, k, v (batch, heads, seq, head_dim) sharded on head_dim over tp
+    e = _attention(d)
+    e["in"] = [["S(0)", "S(3)"]] * 3
+    e["out"][0] = ["S(0)", "S(3)"]
+
+
+def _q_on_heads(d, jg):  # over tp: q's heads split, k and v whole
+    _attention(d)["in"][0][1] = "S(1)"
+
+
+def _ring_twice(d, jg):  # the sequence over both mesh dims
+    e = _attention(d)
+    e["in"] = [["S(2)", "S(2)"]] * 3
+    e["out"] = [["S(2)", "S(2)"], ["S(2)", "S(2)"]]
+
+
+def _mm_partial(d, jg):
+    e = next(e for e in d["nodes"].values()
+             if e["op"] == "aten.mm.default" and e["in"][1] == ["R", "R"])
+    e["out"][0] = ["P", e["out"][0][1]]
+
+
+def _mm_without_inputs(d, jg):
+    next(e for e in d["nodes"].values() if e["op"] == "aten.mm.default").pop("in")
+
+
+def _batch_over_four(d, jg):  # 2 sequences over 2 x 2 ranks
+    d["nodes"][jg.input_nodes[0].name]["out"][0] = ["S(0)", "S(0)"]
+
+
+@pytest.mark.parametrize("edit, says", [
+    (_head_dim, "on mesh dim 'tp': in [S(3), S(3), S(3)] -> out [S(3), "),
+    (_q_on_heads, "on mesh dim 'tp': in [S(1), R, R] -> out [R, R] is not a way this op runs, "
+     "so the program would compute something else"),
+    (_ring_twice, "shards attention's sequence over mesh dims 'dp_shard', 'tp': ring attention "
+     "runs on one mesh dim"),
+    (_mm_partial, "(aten.mm.default) on mesh dim 'dp_shard': in [S(0), R] -> out [P] is not a "
+     "way this op runs"),
+    (_mm_without_inputs, "(aten.mm.default): has placements for 1 outputs and 0 inputs; the op "
+     "has 1 and 2"),
+    (_batch_over_four, ".out[0] = ['S(0)', 'S(0)'] splits dim 0 (size 2) of a tensor of shape "
+     "(2, 32) over dp_shard=2, tp=2, which does not divide it"),
+    (_place("norm.weight", ["P", "R"]), "(parameter norm.weight) is P on mesh dim 'dp_shard', "
+     "which a graph input (parameter, buffer or input) of shape (128,) cannot be"),
+    (_place("layers.0.attention.wq.weight", ["S(3)", "R"]),
+     "].out[0] = ['S(3)', 'R'] shards dim 3 of a tensor with 2 dims (shape (128, 128))"),
+    (lambda d, jg: d["parameters"].update({"output.weight": ["R", "S(1)"]}),
+     "parameters['output.weight']: says ['R', 'S(1)'], but its graph node"),
+])
+def test_placements_that_disagree_with_the_program_are_refused(edit, says, planned):
+    path, jg = planned
+    d = json.loads(path.read_text())
+    check_against_graph(d, jg, "plan.json", fake_mesh(*MESH))  # the plan as made passes
+    edit(d, jg)
+    with pytest.raises(PlanError) as e:
+        check_against_graph(d, jg, "plan.json", fake_mesh(*MESH))
+    assert str(e.value).startswith("plan.json: ") and says in str(e.value), str(e.value)
+
+
+def test_apply_refuses_attention_weights_sharded_past_their_dims(planned, tmp_path):
+    """The edit that trained with slightly wrong losses: q, k, v and out weights S(3)."""
+    path, jg = planned
+
+    def edit(d):
+        for w in ("wq", "wk", "wv", "wo"):
+            _place(f"layers.0.attention.{w}.weight", ["S(3)", "R"])(d, jg)
+
+    bad = Plan.load(edited(path, tmp_path, edit))
+    with pytest.raises(PlanError) as e:
+        apply_plan(tiny(), bad, fake_mesh(*MESH), **QUIET)
+    assert "edited.json: nodes[" in str(e.value)
+    assert "shards dim 3 of a tensor with 2 dims (shape (128, 128))" in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def moe_plan(tmp_path_factory):
+    """The example MoE block (docs/manual_regions.md) planned on (dp_shard, ep), and its graph."""
+    mesh = fake_mesh(("dp_shard", "ep"), (2, 2))
+    with torch.device("meta"):
+        model = manual_moe.mark(manual_moe.Model(32, 8, ep=2))
+    x = torch.zeros(8, 4, 32, device="meta")
+    cache: dict = {}
+    plan = plan_model(model, mesh, (x,), trace_cache=cache, **QUIET)
+    (jg, _), = cache.values()
+    return json.loads(plan.to_json()), jg, mesh
+
+
+def test_a_region_parameter_off_its_declaration_is_refused(moe_plan):
+    d, jg, mesh = moe_plan
+    d = json.loads(json.dumps(d))
+    assert d["parameters"]["moe.w"][1] == "S(0)"
+    _place("moe.w", [d["parameters"]["moe.w"][0], "R"])(d, jg)
+    with pytest.raises(PlanError) as e:
+        check_against_graph(d, jg, "plan.json", mesh)
+    assert ("plan.json: parameters['moe.w']: is ['S(0)', 'R'], but its manual region 'moe' "
+            "declares S(0) on 'ep'") in str(e.value), str(e.value)

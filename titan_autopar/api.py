@@ -32,7 +32,7 @@ from titan_autopar.graph.blocks import find_blocks
 from titan_autopar.graph.manual import resolve_all
 from titan_autopar.graph.trace import trace_joint
 from titan_autopar.plan import Plan, build_plan, fingerprint
-from titan_autopar.plan_check import check_against_graph
+from titan_autopar.plan_check import check_against_graph, check_plan_data
 from titan_autopar.solve.descent import DescentStats, descend, initial_assignment, objective_ms
 from titan_autopar.solve.errors import MemoryBudgetError, memory_floor
 from titan_autopar.solve.ilp import SolveLimits
@@ -381,6 +381,7 @@ def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
         raise ValueError("the model already has DTensor parameters: apply a plan to the plain "
                          "model (on meta or on one device), not to a parallelised one")
     names, sizes = _mesh_info(mesh)
+    check_plan_data(json.loads(plan.to_json()), plan.source)  # as its file would be checked
     if flex_modules(model):
         raise ValueError(
             f"{type(model).__name__} uses flex attention (attn_type = 'flex'), whose masks are "
@@ -396,7 +397,7 @@ def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
     t = time.perf_counter()
     dtype = plan.data.get("param_dtype")
     jg = trace_joint(model, inputs, getattr(torch, dtype) if dtype else None, manual)
-    check_against_graph(plan.data, jg, plan.source)
+    check_against_graph(plan.data, jg, plan.source, mesh)
     timings["trace_s"] = time.perf_counter() - t
     t = time.perf_counter()
     local = trace_local_joint(jg, plan, mesh)

@@ -370,10 +370,11 @@ def _rank_problems(where: str, pls, metas) -> str | None:
     return None
 
 
-def check_against_graph(d: dict, jg, source) -> None:
+def check_against_graph(d: dict, jg, source, mesh=None) -> None:
     """What a plan file can only be checked against with the model's traced graph `jg` at hand:
-    every Shard dim within its tensor's rank, one output placement per output, and each
-    parameter's placement in `parameters` equal to its graph node's (the one that runs)."""
+    every Shard dim within its tensor's rank, one output placement per output, each parameter's
+    placement in `parameters` equal to its graph node's (the one that runs) and to what its
+    manual region declares; and, given the `mesh`, the program itself (`_check_program`)."""
     import torch.fx as fx
     from torch.utils import _pytree as pytree
 
@@ -403,3 +404,140 @@ def check_against_graph(d: dict, jg, source) -> None:
             _fail(source, f"parameters[{name!r}]", f"says {d['parameters'][name]}, but its graph "
                   f"node nodes[{node.name!r}].out[0] says {entry['out'][0]}; edit both alike "
                   "(the node's placement is what runs) or plan again")
+    names = d["mesh"]["names"]
+    for q, region in jg.manual_regions.items():
+        for pname, declared in region.params.items():
+            have = d["parameters"].get(f"{q}.{pname}")
+            for m, want in enumerate(declared if have else ()):
+                if want is not None and have[m] != _text(want):
+                    _fail(source, f"parameters['{q}.{pname}']", f"is {have}, but its manual "
+                          f"region {q!r} declares {_text(want)} on {names[m]!r} (the region's "
+                          "code receives it so): put back the declared placement or plan again")
+    if mesh is not None:
+        _check_program(d, jg, source, mesh)
+
+
+def _text(p) -> str:
+    """A placement as a plan writes it."""
+    from torch.distributed.tensor import Partial, Shard
+
+    if p is None:
+        return "-"
+    return f"S({p.dim})" if isinstance(p, Shard) else "P" if isinstance(p, Partial) else "R"
+
+
+def _parsed(pl: list[str]) -> tuple | None:
+    """One tensor's placements from the plan; None for "-" (not a tensor)."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    if pl and pl[0] == "-":
+        return None
+    return tuple(Replicate() if p == "R" else Partial() if p == "P" else Shard(int(p[2:-1]))
+                 for p in pl)
+
+
+def _uneven(label: str, pl, t, names, sizes) -> str | None:
+    """Why placements `pl` split tensor `t` into shards of different sizes, or None."""
+    if pl is None or not hasattr(t, "shape"):
+        return None
+    ways = {}
+    for p, n, k in zip(pl, names, sizes):
+        if _text(p).startswith("S(") and k > 1 and p.dim < t.ndim:
+            ways.setdefault(p.dim, []).append((n, k))
+    for dim, over in ways.items():
+        w = math.prod(k for _, k in over)
+        if t.shape[dim] % w:
+            return (f"{label} = {[_text(p) for p in pl]} splits dim {dim} (size {t.shape[dim]}) "
+                    f"of a tensor of shape {tuple(t.shape)} over "
+                    f"{', '.join(f'{n}={k}' for n, k in over)}, which does not divide it: shards "
+                    "must be equal; put back the planned placements or plan again")
+    return None
+
+
+def _check_program(d: dict, jg, source, mesh) -> None:
+    """The program `apply/interpret.py` would build reads `nodes` only: each node's output
+    placements and the placements its tensor inputs are moved to. Each must be, on every mesh
+    dim, a way the op runs (one of the single-dim strategies the planner chooses from,
+    `strategy/options.py`: what DTensor's rules, our own rules and a region's declaration
+    allow -- an op run on local shards, such as attention or a manual region, computes
+    something else on any other), every tensor split into equal shards, and attention's
+    sequence ring-sharded on at most one dim."""
+    import operator
+
+    import torch
+
+    from titan_autopar.cost.ring import ring_dims
+    from titan_autopar.strategy.options import OptionBuilder, output_metas, tensor_inputs
+
+    names, sizes = d["mesh"]["names"], d["mesh"]["shape"]
+    builder = OptionBuilder(mesh[names[0]], jg.manual_regions)
+    params = {node: name for name, node in jg.param_nodes.items()}
+
+    def val(p, i):
+        v = p.meta.get("val")
+        return v[i] if isinstance(v, (tuple, list)) else v
+
+    for n in jg.gm.graph.nodes:
+        if n.op == "placeholder":
+            outs, ins = [n.meta.get("val")], []
+            what = f"nodes[{n.name!r}]" + (f" (parameter {params[n]})" if n in params else "")
+        elif n.op == "call_function" and n.target is not operator.getitem:
+            outs = output_metas(n)
+            if not any(isinstance(t, torch.Tensor) for t in outs):
+                continue
+            ins = [val(p, i) for p, i in tensor_inputs(n)]
+            what = f"nodes[{n.name!r}] ({n.target})"
+        else:
+            continue
+        entry = d["nodes"].get(n.name)
+        if entry is None:
+            _fail(source, "nodes", f"has no entry for graph node {n.name!r}: the plan was made "
+                  "for another graph; plan again")
+        given_in = entry.get("in", []) if n.op == "call_function" else []
+        if len(entry["out"]) != len(outs) or len(given_in) != len(ins):
+            _fail(source, what, f"has placements for {len(entry['out'])} outputs and "
+                  f"{len(given_in)} inputs; the op has {len(outs)} and {len(ins)}: put back the "
+                  "planned entry or plan again")
+        out_pl, in_pl = [_parsed(pl) for pl in entry["out"]], [_parsed(pl) for pl in given_in]
+        for label, pls, ts in ((f"{what}.out", out_pl, outs), (f"{what}.in", in_pl, ins)):
+            for k, (pl, t) in enumerate(zip(pls, ts)):
+                problem = _uneven(f"{label}[{k}]", pl, t, names, sizes)
+                if problem:
+                    _fail(source, "", problem)
+        if n.op == "placeholder":
+            options = builder.tensor_options(outs[0])
+            allowed = [range(len(options))] * len(names)
+        else:
+            options, _ = builder.options(n)
+            allowed = builder.dim_options(n) or [range(len(options))] * len(names)
+        chosen = []
+        for m, dim in enumerate(names):
+            out_m = tuple(None if pl is None else pl[m] for pl in out_pl)
+            in_m = tuple(pl[m] if pl is not None else None for pl in in_pl)
+            hit = next((options[i] for i in allowed[m]
+                        if options[i].out == out_m and options[i].ins == in_m), None)
+            if hit is None:
+                _fail(source, "", _not_a_way(what, dim, out_m, in_m, n.op == "placeholder",
+                                             [options[i] for i in allowed[m]], outs[0]))
+            chosen.append(hit)
+        ring = ring_dims(n, chosen)
+        if len(ring) > 1:
+            _fail(source, "", f"{what} shards attention's sequence over mesh dims "
+                  f"{', '.join(repr(names[m]) for m in ring)}: ring attention runs on one mesh "
+                  "dim; put back the planned placements or plan again")
+
+
+def _not_a_way(what, dim, out_m, in_m, placeholder: bool, options, meta) -> str:
+    def row(ps):
+        return "[" + ", ".join(_text(p) for p in ps) + "]"
+
+    if placeholder:
+        return (f"{what} is {_text(out_m[0])} on mesh dim {dim!r}, which a graph input "
+                f"(parameter, buffer or input) of shape {tuple(meta.shape)} cannot be: it is "
+                f"stored {', '.join(_text(o.out[0]) for o in options)}; put back the planned "
+                "placement or plan again")
+    shown = "; ".join(f"in {row(o.ins)} -> out {row(o.out)}" for o in options[:3])
+    more = f" and {len(options) - 3} more" if len(options) > 3 else ""
+    return (f"{what} on mesh dim {dim!r}: in {row(in_m)} -> out {row(out_m)} is not a way this "
+            f"op runs, so the program would compute something else (it runs {shown}{more}); "
+            "put back the planned placements or plan again")
