@@ -12,10 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
+from torch.distributed.tensor import Partial, Replicate, Shard
 
 from conftest import tiny_llama
-from titan_autopar import Plan, apply_plan, plan_model
+from titan_autopar import Plan, apply_plan, manual, plan_model
 from titan_autopar.cli import fake_mesh, main
+from titan_autopar.graph.manual import ManualRegionError
 from titan_autopar.plan_check import PlanError, check_against_graph
 
 REPO = Path(__file__).resolve().parents[1]
@@ -241,3 +244,106 @@ def test_a_region_parameter_off_its_declaration_is_refused(moe_plan):
         check_against_graph(d, jg, "plan.json", mesh)
     assert ("plan.json: parameters['moe.w']: is ['S(0)', 'R'], but its manual region 'moe' "
             "declares S(0) on 'ep'") in str(e.value), str(e.value)
+
+
+# ---------------------------------------------------------------- manual() declarations
+DIM = 32
+
+
+class Doubler(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(DIM, DIM)
+
+    def forward(self, x):
+        return 2 * x
+
+
+class WithDoubler(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = Doubler()
+
+    def forward(self, x):
+        return self.inner(x) + 1
+
+
+def doubler() -> WithDoubler:
+    with torch.device("meta"):
+        return WithDoubler()
+
+
+def test_a_negative_parameter_dim_is_counted_from_the_end_and_the_plan_loads(tmp_path):
+    model = doubler()
+    manual(model.inner, in_placements=[(Shard(0),)], out_placements=[(Shard(0),)],
+           param_placements={"proj.weight": (Shard(-1),)})
+    plan = plan_model(model, fake_mesh(("dp_shard",), (2,)), (torch.zeros(8, 4, DIM),), **QUIET)
+    loaded = Plan.load(plan.save(tmp_path / "plan.json"))
+    assert loaded.data["manual_regions"]["inner"]["params"]["proj.weight"] == ["S(1)"]
+    assert loaded.parameters["inner.proj.weight"] == ["S(1)"]
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    (dict(in_placements=[(Shard(-1),)], out_placements=[(Shard(0),)]),
+     "manual(Doubler): in_placements[0] puts Shard(-1) on mesh dim 0: count the tensor dim from "
+     "the front, Shard(d) with d >= 0"),
+    (dict(in_placements=[{"dp_shard": Shard(0)}], out_placements=[{"dp_shard": Shard(-2)}]),
+     "manual(Doubler): out_placements[0] puts Shard(-2) on 'dp_shard': count the tensor dim"),
+    (dict(in_placements=[(Shard(0),)], out_placements=[(Shard(0),)],
+          param_placements={"proj.weight": {"dp_shard": Shard(3)}}),
+     "manual(Doubler): param_placements['proj.weight'] puts Shard(3) on 'dp_shard', but "
+     "proj.weight has 2 dims (shape (32, 32)): use a dim from 0 to 1"),
+    (dict(in_placements=[(Shard(0),)], out_placements=[(Shard(0),)],
+          param_placements={"proj.bias": (Partial(),)}),
+     "param_placements['proj.bias'] puts Partial() on mesh dim 0: a parameter is stored "
+     "Replicate() or Shard(d)"),
+])
+def test_declarations_manual_refuses(kwargs, says):
+    with pytest.raises(ManualRegionError) as e:
+        manual(doubler().inner, **kwargs)
+    assert says in str(e.value), str(e.value)
+
+
+def test_an_expert_dim_the_parameter_does_not_have():
+    """param_placements={"w": {"ep": Shard(3)}} on the example's (experts, dim, dim) weight."""
+    with torch.device("meta"):
+        model = manual_moe.Model(DIM, 8, ep=2)
+    with pytest.raises(ManualRegionError) as e:
+        manual(model.moe, in_placements=[{"ep": Shard(0)}], out_placements=[{"ep": Shard(0)}],
+               param_placements={"w": {"ep": Shard(3)}})
+    assert ("manual(AllToAllMoE): param_placements['w'] puts Shard(3) on 'ep', but w has 3 dims "
+            "(shape (8, 32, 32)): use a dim from 0 to 2") in str(e.value)
+
+
+def test_a_pinned_dim_the_parameter_does_not_have():
+    with pytest.raises(ValueError) as e:
+        plan_model(tiny(), fake_mesh(*MESH), (TOKENS,), **QUIET,
+                   parameter_placements={"norm.weight": (Shard(1), Replicate())})
+    assert ("parameter_placements['norm.weight'] = (Shard(dim=1), Replicate()) puts Shard(dim=1) "
+            "on 'dp_shard', which a tensor of shape (128,) cannot be stored as: use Replicate() "
+            "or Shard(d) of a dim longer than 1") in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("declare, x, says", [
+    (dict(in_placements=[(Shard(0),), (Shard(0),)], out_placements=[(Shard(0),)]),
+     torch.zeros(8, 4, DIM), "manual region 'inner' (Doubler) declares 2 in_placements, but its "
+     "forward is called with 1 tensor input: give one in_placements entry per tensor input"),
+    (dict(in_placements=[(Shard(1),)], out_placements=[(Shard(1),)]), torch.zeros(8, 3, DIM),
+     "manual region 'inner' (Doubler): in_placements[0] shards dim 1 of input 0 (shape "
+     "(8, 3, 32)) over dp_shard=2, whose 2 ranks do not divide its size 3: declare a dim that 2 "
+     "divides (or Replicate()), or give a size that is a multiple of 2"),
+    (dict(in_placements=[(Replicate(),)], out_placements=[(Shard(3),)]), torch.zeros(8, 4, DIM),
+     "manual region 'inner' (Doubler): out_placements[0] puts Shard(3) on 'dp_shard', but "
+     "output 0 has 3 dims (shape (8, 4, 32))"),
+    (dict(in_placements=[(Shard(0),)], out_placements=[(Shard(0),)],
+          param_placements={"odd": (Shard(0),)}), torch.zeros(8, 4, DIM),
+     "manual region 'inner' (Doubler): param_placements['odd'] shards dim 0 of parameter odd "
+     "(shape (31,)) over dp_shard=2, whose 2 ranks do not divide its size 31"),
+])
+def test_declarations_the_tensors_cannot_take(declare, x, says):
+    model = doubler()
+    model.inner.odd = nn.Parameter(torch.zeros(DIM - 1, device="meta"))
+    manual(model.inner, **declare)
+    with pytest.raises(ManualRegionError) as e:
+        plan_model(model, fake_mesh(("dp_shard",), (2,)), (x,), **QUIET)
+    assert says in str(e.value), str(e.value)
