@@ -7,6 +7,7 @@ run `titan-autopar` in this process (exit code 2, one line on stderr, no traceba
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -18,8 +19,9 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from conftest import tiny_llama
 from titan_autopar import Plan, apply_plan, manual, plan_model
 from titan_autopar.cli import fake_mesh, main
-from titan_autopar.graph.manual import ManualRegionError
+from titan_autopar.graph.manual import ManualRegionError, resolve_all
 from titan_autopar.plan_check import PlanError, check_against_graph
+from titan_autopar.titan.config_check import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
@@ -27,6 +29,7 @@ import manual_moe  # noqa: E402  (the example of docs/manual_regions.md)
 
 QUIET = dict(progress=lambda s: None)
 MESH = (("dp_shard", "tp"), (2, 2))
+LLAMA4 = REPO / "train_configs/llama4_debug_cpu_auto4.toml"
 
 
 def cli(args, capsys) -> tuple[int, str, str]:
@@ -347,3 +350,115 @@ def test_declarations_the_tensors_cannot_take(declare, x, says):
     with pytest.raises(ManualRegionError) as e:
         plan_model(model, fake_mesh(("dp_shard",), (2,)), (x,), **QUIET)
     assert says in str(e.value), str(e.value)
+
+
+# ---------------------------------------------------------------- expert parallelism
+def llama4_job(tmp_path, **parallelism) -> Path:
+    """The llama4 debug job with [parallelism] and [auto_parallel] values replaced."""
+    text = LLAMA4.read_text()
+    for key, value in parallelism.items():
+        if key in ("manual_modules", "manual_style"):
+            text = text.replace("[auto_parallel]\n", f"[auto_parallel]\n{key} = {json.dumps(value)}\n")
+        else:
+            text = re.sub(rf"^{key} = .*$", f"{key} = {value}", text, count=1, flags=re.M)
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return path
+
+
+DATA_PARALLEL_WITH_EP = ('[auto_parallel] manual_style = "data_parallel" runs MoE blocks without '
+                         "expert parallelism, but [parallelism] expert_parallel_degree = 2: set "
+                         'manual_style = "torchtitan_ep"')
+
+
+@pytest.mark.parametrize("settings, says", [
+    (dict(expert_parallel_degree=2, manual_modules=["layers.*.moe"], manual_style="data_parallel"),
+     DATA_PARALLEL_WITH_EP),
+    (dict(expert_parallel_degree=2, manual_style="data_parallel"), DATA_PARALLEL_WITH_EP),
+    (dict(manual_modules=["layers.*.moe"]), '[auto_parallel] manual_modules run as manual_style = '
+     '"torchtitan_ep" (TorchTitan\'s ExpertParallel on the ep dim), but [parallelism] '
+     "expert_parallel_degree = 1: set it above 1"),
+    (dict(expert_parallel_degree=2, manual_style="ep"),
+     "[auto_parallel] manual_style = 'ep' is not a style: write \"torchtitan_ep\" or "
+     '"data_parallel"'),
+])
+def test_plan_config_says_how_to_get_expert_parallelism(settings, says, tmp_path, capsys):
+    job = llama4_job(tmp_path, **settings)
+    code, _, err = cli(["plan", "--config", job, "--out", tmp_path / "p.json"], capsys)
+    assert code == 2 and f"{job}: {says}" in err, err
+
+
+def test_the_running_job_refuses_the_same_before_building_anything(tmp_path):
+    from torchtitan.config import ConfigManager
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    job = llama4_job(tmp_path, expert_parallel_degree=2, manual_style="data_parallel")
+    config = ConfigManager().parse_args(["--job.config_file", str(job)])
+    dims = ParallelDims(dp_replicate=1, dp_shard=4, cp=1, tp=1, pp=1, ep=2, etp=1, world_size=4)
+    with pytest.raises(ConfigError) as e:  # no model, no mesh: it stops before either is used
+        get_train_spec("llama4").parallelize_fn(None, dims, config)
+    assert f"{job}: {DATA_PARALLEL_WITH_EP}" in str(e.value)
+
+
+def test_plan_with_an_ep_mesh_runs_the_moe_blocks_expert_parallel(tmp_path, capsys):
+    """`plan --mesh dp_shard=2,ep=N` marks every MoE block torchtitan_ep, as a job with
+    expert_parallel_degree = N does: here N = 3, which the 8 experts refuse before planning."""
+    code, out, err = cli(["plan", "--model", "llama4", "--flavor", "debugmodel", "--seq-len", 16,
+                          "--local-batch-size", 1, "--mesh", "dp_shard=2,ep=3",
+                          "--out", tmp_path / "p.json"], capsys)
+    assert "manual regions (torchtitan_ep): layers.1.moe, layers.3.moe, layers.5.moe" in out, out
+    assert code == 2 and ("expert_parallel_degree = 3 does not divide the 8 experts of "
+                          "layers.1.moe (the mesh's ep dim has 3 ranks)") in err, err
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_the_cli_marks_what_the_job_marks():
+    from titan_autopar.titan.manual_marks import mark_job_regions, mark_mesh_regions
+    from titan_autopar.titan.models import build_model
+
+    cli_model, _ = build_model("llama4", "debugmodel", 16)
+    job_model, _ = build_model("llama4", "debugmodel", 16)
+    names, sizes = ("dp_shard", "ep"), (2, 2)
+    assert mark_mesh_regions(cli_model, names, sizes) == mark_job_regions(
+        job_model, 2, (), "torchtitan_ep") == ["layers.1.moe", "layers.3.moe", "layers.5.moe"]
+    cli_regions = {q: r.to_json() for q, r in resolve_all(cli_model, names, sizes).items()}
+    job_regions = {q: r.to_json() for q, r in resolve_all(job_model, names, sizes).items()}
+    assert cli_regions == job_regions
+    assert cli_regions["layers.1.moe"]["params"]["experts.w1"] == [None, "S(0)"]
+
+
+def test_an_ep_mesh_for_a_dense_model_is_refused(tmp_path, capsys):
+    code, _, err = cli(["plan", "--model", "llama3", "--flavor", "debugmodel", "--seq-len", 16,
+                        "--mesh", "dp_shard=2,ep=2", "--out", tmp_path / "p.json"], capsys)
+    assert code == 2 and ("--mesh has ep=2, but Transformer has no MoE blocks to run "
+                          "expert-parallel: leave ep out of --mesh") in err, err
+
+
+def test_the_search_keeps_the_ep_dim_the_regions_need(tmp_path):
+    """A job whose manual_modules run torchtitan_ep with ep = 2: every degree the search plans
+    keeps an ep dim (the others are set aside, saying why), and the job's regions resolve on
+    each of their meshes (a mesh without ep stopped the search there)."""
+    from titan_autopar.cost.hardware import GiB, get_hardware
+    from titan_autopar.solve.search import candidate_degrees
+    from titan_autopar.titan.degree_search import _keep_regions_runnable, model_shape
+    from titan_autopar.titan.job_file import planner_mesh, planning_job
+    from titan_autopar.titan.manual_marks import mark_job_regions
+    from titan_autopar.titan.models import build_model
+
+    job = planning_job(llama4_job(tmp_path, expert_parallel_degree=2,
+                                  manual_modules=["layers.*.moe"]))
+    model, args = build_model(job.model, job.flavor, job.seq_len)
+    mark_job_regions(model, job.expert_parallel, job.manual_modules, job.manual_style)
+    hw = get_hardware(job.hardware)
+    cands = candidate_degrees(job.world_size, hw.gpus_per_node, model_shape(model, args),
+                              hw.hbm_bytes / GiB)
+    without_ep = sum(c.degrees.ep == 1 and not c.reason for c in cands)
+    assert without_ep and _keep_regions_runnable(cands, job) == without_ep
+    kept = [c.degrees for c in cands if not c.reason]
+    assert kept and all(d.ep > 1 for d in kept)
+    assert all(c.reason == "the job's manual_modules run torchtitan_ep, which needs ep > 1"
+               for c in cands if c.degrees.ep == 1)
+    for d in kept:
+        regions = resolve_all(model, *planner_mesh(d.dp_replicate, d.dp_shard, d.tp, d.ep))
+        assert {r.style for r in regions.values()} == {"torchtitan_ep"}

@@ -294,8 +294,8 @@ def resolve(qname: str, module: nn.Module, spec: ManualSpec, names: tuple[str, .
         if facts["experts"] % sizes[ep_dim]:
             raise ManualRegionError(
                 f"expert_parallel_degree = {sizes[ep_dim]} does not divide the "
-                f"{facts['experts']} experts of {qname}: choose an ep degree that divides "
-                f"{facts['experts']}")
+                f"{facts['experts']} experts of {qname} (the mesh's ep dim has {sizes[ep_dim]} "
+                f"ranks): choose an ep degree that divides {facts['experts']}")
         for n in pnames:
             if n in EXPERT_WEIGHTS:
                 params[n] = tuple(Shard(0) if m == ep_dim else None for m in range(len(names)))

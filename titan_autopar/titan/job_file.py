@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from titan_autopar.titan.config_check import ConfigError, check_section, read_toml
+from titan_autopar.titan.manual_marks import check_job_regions
 
 
 @dataclass
@@ -103,6 +104,8 @@ def planning_job(path: str | Path) -> PlanningJob:
         raise ValueError(f"{path}: pipeline_parallel_degree = {deg['pipeline_parallel']}: "
                          "`plan --config` plans the whole model on one mesh; pipeline stages are "
                          "planned when the job runs. Set it to 1 to plan ahead.")
+    check_job_regions(deg["expert_parallel"], ap.get("manual_modules", ()),
+                      ap.get("manual_style", "torchtitan_ep"), str(path))
     names, sizes = planner_mesh(deg["data_parallel_replicate"], deg["data_parallel_shard"],
                                 deg["tensor_parallel"], deg["expert_parallel"],
                                 deg["context_parallel"])
