@@ -3,12 +3,13 @@
 A plan is a file people edit, copy and mistype, so nothing in it is trusted. `read_plan_file`
 reads the text (a missing file, a folder, binary data or JSON nested past any plan's depth are
 errors, not tracebacks), parses it (duplicate keys and NaN are refused) and `check_plan_data`
-checks each field against the schema written out in `docs/plan_format.md`: types, placement
-syntax ("R", "P", "S(d)"), one placement per mesh dim, the mesh against the fingerprint, the
-collectives' mesh dims against the mesh. Every error names the file and the field, so a person
-can find what to fix. What needs the model itself (a Shard dim beyond a tensor's rank, the
-`parameters` section against the graph's parameter nodes) is checked where the graph is known:
-`apply_plan`, before any rank runs the plan.
+checks each field against the schema written out in `docs/plan_format.md`: types and ranges,
+placement syntax ("R", "P", "S(d)"), one placement per mesh dim, the mesh against the
+fingerprint, the collectives' mesh dims against the mesh. Every error names the file and the
+field, so a person can find what to fix. What needs the model itself is checked where the graph
+is known, by `check_against_graph` in `apply_plan` before any rank runs the plan: a Shard dim
+beyond a tensor's rank, the `parameters` section against the graph's parameter nodes and the
+manual regions' declarations, and every node's placements against the ways its op runs.
 """
 
 from __future__ import annotations
