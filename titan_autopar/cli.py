@@ -225,12 +225,16 @@ def cmd_plan(a) -> int:
 
     say(f"building {a.model} {a.flavor} on the meta device")
     model, _ = build_model(a.model, a.flavor, a.seq_len)
-    if job is not None:
-        from titan_autopar.titan.manual_marks import mark_job_regions
+    from titan_autopar.titan.manual_marks import mark_job_regions, mark_mesh_regions
 
+    if job is not None:
         marked = mark_job_regions(model, job.expert_parallel, job.manual_modules, job.manual_style)
-        if marked:
-            say(f"manual regions: {', '.join(marked[:4])}{' ...' if len(marked) > 4 else ''}")
+        style = job.manual_style if job.manual_modules else "torchtitan_ep"
+    else:  # an ep dim runs the MoE blocks expert-parallel, as a job with that degree does
+        marked, style = mark_mesh_regions(model, names, sizes), "torchtitan_ep"
+    if marked:
+        say(f"manual regions ({style}): {', '.join(marked[:4])}"
+            f"{' ...' if len(marked) > 4 else ''}")
     mesh = fake_mesh(names, sizes)
     batch = global_batch(a.local_batch_size, names, sizes)
     tokens = torch.zeros(batch, a.seq_len, dtype=torch.long)

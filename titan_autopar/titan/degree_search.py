@@ -80,10 +80,12 @@ def search_degrees(job, *, hardware: str, make_mesh: Callable, top: int = 2,
     shape = model_shape(model, args)
     cands = candidate_degrees(job.world_size, hw.gpus_per_node, shape, budget_gib)
     job_deg = Degrees(*_job_degrees(job))
+    regions_aside = _keep_regions_runnable(cands, job)
     kept = [c for c in cands if not c.reason]
     say(f"[search] {job.world_size} ranks ({hw.gpus_per_node} per node), budget {budget_gib:.3g} "
         f"GiB: {len(cands)} factorizations, {len(kept)} left after the divisibility, node and "
-        "parameter-state bounds")
+        "parameter-state bounds" + (f" and the ep degrees the job's manual regions run with "
+                                    f"({regions_aside} set aside)" if regions_aside else ""))
     if not kept:
         raise ValueError(f"no degrees for {job.world_size} ranks fit: "
                          + "; ".join(f"{c.degrees.label}: {c.reason}" for c in cands[:4]))
@@ -167,6 +169,24 @@ def search_degrees(job, *, hardware: str, make_mesh: Callable, top: int = 2,
                                       -c.degrees.tp))
     rows = rank_rows(cands, KEY)
     return SearchResult(rows, winner, job_deg, time.perf_counter() - t0, plans)
+
+
+def _keep_regions_runnable(cands: list[Candidate], job) -> int:
+    """Set aside the candidates whose ep degree the job's manual regions cannot run with
+    (`titan/manual_marks.ep_rule`): torchtitan_ep regions need ep > 1, data_parallel ones run
+    no expert parallelism. Returns how many were set aside."""
+    from titan_autopar.titan.manual_marks import ep_rule
+
+    rule = ep_rule(job.manual_modules, job.manual_style)
+    aside = 0
+    for c in cands:
+        if c.reason or rule == "any" or (c.degrees.ep > 1) == (rule == "ep>1"):
+            continue
+        c.reason = ("the job's manual_modules run torchtitan_ep, which needs ep > 1"
+                    if rule == "ep>1" else
+                    "manual_style data_parallel runs no expert parallelism: ep = 1 only")
+        aside += 1
+    return aside
 
 
 def _best_recipe(recipes: dict, budget_gib: float, d: Degrees) -> str:

@@ -21,6 +21,7 @@ from titan_autopar.limits import MAX_MESH_RANKS
 from titan_autopar.titan.config_check import ConfigError, check_section, read_toml
 from titan_autopar.titan.config_keys import check_keys
 from titan_autopar.titan.config_values import check_values
+from titan_autopar.titan.manual_marks import check_job_regions
 
 
 @dataclass
@@ -111,6 +112,8 @@ def planning_job(path: str | Path) -> PlanningJob:
         raise ValueError(f"{path}: pipeline_parallel_degree = {deg['pipeline_parallel']}: "
                          "`plan --config` plans the whole model on one mesh; pipeline stages are "
                          "planned when the job runs. Set it to 1 to plan ahead.")
+    check_job_regions(deg["expert_parallel"], ap.get("manual_modules", ()),
+                      ap.get("manual_style", "torchtitan_ep"), str(path))
     names, sizes = planner_mesh(deg["data_parallel_replicate"], deg["data_parallel_shard"],
                                 deg["tensor_parallel"], deg["expert_parallel"],
                                 deg["context_parallel"])

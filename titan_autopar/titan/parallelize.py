@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from titan_autopar.titan.job_file import planner_mesh
-from titan_autopar.titan.manual_marks import mark_job_regions
+from titan_autopar.titan.manual_marks import check_job_regions, mark_job_regions
 
 MODELS = ("llama3", "llama4", "deepseek_v3", "qwen3")
 # what each rank logs where the plan runs as the recipe (benchmarks/fidelity.py looks for it)
@@ -375,14 +375,16 @@ def plan_and_apply(model, parallel_dims, job_config, recipe=None):
     from titan_autopar.titan.predictions import write_predictions
 
     log = _log()
+    ap = job_config.auto_parallel
     names, sizes = mesh_dims(parallel_dims)
     mesh = _mesh(parallel_dims, names, sizes)
     tag = stage_tag(parallel_dims, job_config)
     check_plan_paths(job_config, tag, saves=_rank() == _first_rank(mesh))
+    check_job_regions(parallel_dims.ep, ap.manual_modules, ap.manual_style,
+                      job_config.job.config_file or "the config")
     resolve_hardware(job_config, log)  # a profile of another machine, or "calibrate"
     get_hardware(job_config.auto_parallel.hardware)  # an unknown preset fails here, clearly
     contiguous_sequence_shards(parallel_dims, job_config, log)
-    ap = job_config.auto_parallel
     marked = mark_job_regions(model, parallel_dims.ep, ap.manual_modules, ap.manual_style)
     if marked:
         style = ap.manual_style if ap.manual_modules else "torchtitan_ep"
