@@ -379,8 +379,8 @@ DATA_PARALLEL_WITH_EP = ('[auto_parallel] manual_style = "data_parallel" runs Mo
      '"torchtitan_ep" (TorchTitan\'s ExpertParallel on the ep dim), but [parallelism] '
      "expert_parallel_degree = 1: set it above 1"),
     (dict(expert_parallel_degree=2, manual_style="ep"),
-     "[auto_parallel] manual_style = 'ep' is not a style: write \"torchtitan_ep\" or "
-     '"data_parallel"'),
+     "[auto_parallel] manual_style = 'ep': it must be one of 'torchtitan_ep', 'data_parallel'; "
+     'write manual_style = "torchtitan_ep"'),
 ])
 def test_plan_config_says_how_to_get_expert_parallelism(settings, says, tmp_path, capsys):
     job = llama4_job(tmp_path, **settings)

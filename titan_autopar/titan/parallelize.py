@@ -376,12 +376,12 @@ def plan_and_apply(model, parallel_dims, job_config, recipe=None):
 
     log = _log()
     ap = job_config.auto_parallel
+    check_job_regions(parallel_dims.ep, ap.manual_modules, ap.manual_style,
+                      job_config.job.config_file or "the config")
     names, sizes = mesh_dims(parallel_dims)
     mesh = _mesh(parallel_dims, names, sizes)
     tag = stage_tag(parallel_dims, job_config)
     check_plan_paths(job_config, tag, saves=_rank() == _first_rank(mesh))
-    check_job_regions(parallel_dims.ep, ap.manual_modules, ap.manual_style,
-                      job_config.job.config_file or "the config")
     resolve_hardware(job_config, log)  # a profile of another machine, or "calibrate"
     get_hardware(job_config.auto_parallel.hardware)  # an unknown preset fails here, clearly
     contiguous_sequence_shards(parallel_dims, job_config, log)
