@@ -3,10 +3,12 @@ the figures are medians over rounds, auto over the recipe the median of within-r
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from titan_autopar.titan.ab import (arm_folder, auto_over_recipe, fresh_folder, over_rounds,
-                                    round_order, table)
+from titan_autopar.titan.ab import (RESULT_KEYS, arm_folder, auto_over_recipe, fresh_folder,
+                                    over_rounds, round_order, table)
 
 
 def _arm(tps: list[float], steps: list[float], mem: list[float]) -> dict:
@@ -47,7 +49,7 @@ def test_an_earlier_ab_with_rounds_is_cleared_and_nothing_else(tmp_path):
     out = tmp_path / "ab"
     for name in ("seed", "auto", "recipe", "auto_round2", "recipe_round2"):
         (out / name).mkdir(parents=True)
-    (out / "ab.json").write_text("{}")
+    (out / "ab.json").write_text(json.dumps(dict.fromkeys(RESULT_KEYS)))  # its keys, as run_ab writes
     said = []
     fresh_folder(out, said.append)
     assert list(out.iterdir()) == [] and "cleared" in said[0]

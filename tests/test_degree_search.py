@@ -15,6 +15,7 @@ from titan_autopar.solve.search import Degrees, ModelShape, candidate_degrees
 from titan_autopar.titan.job_file import planner_mesh
 from titan_autopar.titan.loop_collectives import trainer_loop_collectives
 from titan_autopar.titan.models import build_model, global_batch
+from titan_autopar.titan.search_outputs import check_search_outputs
 
 
 def test_bounds_set_aside_with_reasons():
@@ -55,6 +56,8 @@ def test_cp_round_bounds_the_sequence_and_counts_cp_in_the_state_floor():
 
 
 CONFIG = """
+[job]
+custom_config_module = "titan_autopar.titan.job_config"
 [model]
 name = "llama3"
 flavor = "debugmodel"
@@ -112,6 +115,9 @@ def test_search_finds_the_brute_force_winner(tmp_path, capsys):
     step = json.loads(out.read_text())["predicted"]["step_time_s"]
     assert abs(step - brute[best][1]) <= 1e-9 * step
     assert (tmp_path / "job.search.md").read_text().startswith("| degrees |")
+    # the next search over the same --out may replace all three: each is known as the search's
+    assert check_search_outputs(out, force=False) == (out, tmp_path / "job.parallelism.toml",
+                                                      tmp_path / "job.search.md")
 
 
 def test_cli_search_refuses_without_config(tmp_path, capsys):

@@ -126,7 +126,7 @@ def _profile(tmp_path, edit) -> Path:
     (lambda d: d.update(version=0), "version is 0; this titan_autopar reads version 1 (the profile is stale)"),
     (lambda d: d.update(format="x"), "not a hardware profile"),
     (lambda d: d["hardware"].pop("peak_fp32_flops"), "hardware.peak_fp32_flops is missing"),
-    (lambda d: d["hardware"].update(hbm_bandwidth=-1), "hardware.hbm_bandwidth must be a number >= 0"),
+    (lambda d: d["hardware"].update(hbm_bandwidth=-1), "hardware.hbm_bandwidth must be a number > 0"),
     (lambda d: d["hardware"].update(hbm_bandwidth="fast"), "hardware.hbm_bandwidth must be a number"),
     (lambda d: d["hardware"].update(warp_speed=9), "hardware.warp_speed is not a figure"),
     (lambda d: d["hardware"].update(collective_fits=[["all_gather", 1, 0, 0]]),
@@ -145,7 +145,7 @@ def test_not_json_and_missing_files_are_clear(tmp_path):
     p.write_text("{not json")
     with pytest.raises(ProfileError, match="is not JSON"):
         get_hardware(str(p))
-    with pytest.raises(ProfileError, match="does not exist: give a preset name"):
+    with pytest.raises(ProfileError, match="no such file: give a preset name"):
         get_hardware(str(tmp_path / "none.json"))
 
 

@@ -29,10 +29,11 @@ from titan_autopar.cost.memory import Precision
 from titan_autopar.graph.recompute import check_mode
 from titan_autopar.graph.attention import flex_modules
 from titan_autopar.graph.blocks import find_blocks
-from titan_autopar.graph.manual import resolve_all
+from titan_autopar.graph.manual import ManualRegionError, resolve_all
 from titan_autopar.graph.stamp import trace_step
+from titan_autopar.limits import MAX_MEMORY_BUDGET_GIB
 from titan_autopar.plan import Plan, build_plan, fingerprint
-from titan_autopar.plan_check import check_against_graph
+from titan_autopar.plan_check import check_against_graph, check_plan_data
 from titan_autopar.solve.descent import DescentStats, descend, initial_assignment, objective_ms
 from titan_autopar.solve.errors import MemoryBudgetError, memory_floor
 from titan_autopar.solve.ilp import SolveLimits
@@ -162,7 +163,7 @@ def plan_model(
     """
     say = progress or log.info
     hw = get_hardware(hardware)
-    checks.positive_number("memory_budget_gib", memory_budget_gib)
+    checks.positive_number("memory_budget_gib", memory_budget_gib, most=MAX_MEMORY_BUDGET_GIB)
     checks.positive_number("time_limit_s", time_limit_s)
     check_mode(activation_checkpointing)
     if param_dtype is not None and not (isinstance(param_dtype, torch.dtype)
@@ -212,6 +213,8 @@ def plan_model(
     else:
         try:
             jg = trace_step(model, sample_inputs, param_dtype, manual)
+        except ManualRegionError:  # a declaration its tensors cannot take: says which
+            raise
         except Exception as e:  # the model's own code, run on the sample inputs
             raise checks.traced_model_error(e, sample_inputs) from e
         blocks = None
@@ -259,10 +262,14 @@ def plan_model(
     for u, unit in enumerate(pb.units):
         for m in range(len(sizes)):
             if not pb.allowed(u, m):
-                what = (f"parameter_placements[{unit.param_name!r}]" if unit.param_name
-                        else f"pin of {unit.node.name}")
-                raise ValueError(f"{what} = {unit.pin} is not a valid placement for a tensor of "
-                                 f"shape {tuple(unit.outs[0].shape)}")
+                declared = unit.region_pin is not None and unit.region_pin[m] is not None
+                what = (f"the manual region's param_placements for {unit.param_name!r}"
+                        if declared else f"parameter_placements[{unit.param_name!r}]"
+                        if unit.param_name else f"pin of {unit.node.name}")
+                pl = unit.region_pin if declared else unit.pin
+                raise ValueError(f"{what} = {pl} puts {pl[m]!r} on {names[m]!r}, which a tensor "
+                                 f"of shape {tuple(unit.outs[0].shape)} cannot be stored as: "
+                                 "use Replicate() or Shard(d) of a dim longer than 1")
     if solver == "joint":  # one too large for the exact check is refused before any program
         check_joint_size(pb)
 
@@ -388,6 +395,7 @@ def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
         raise ValueError("the model already has DTensor parameters: apply a plan to the plain "
                          "model (on meta or on one device), not to a parallelised one")
     names, sizes = _mesh_info(mesh)
+    check_plan_data(json.loads(plan.to_json()), plan.source)  # as its file would be checked
     if flex_modules(model):
         raise ValueError(
             f"{type(model).__name__} uses flex attention (attn_type = 'flex'), whose masks are "
@@ -403,7 +411,7 @@ def apply_plan(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh, *,
     t = time.perf_counter()
     dtype = plan.data.get("param_dtype")
     jg = trace_step(model, inputs, getattr(torch, dtype) if dtype else None, manual)
-    check_against_graph(plan.data, jg, plan.source)
+    check_against_graph(plan.data, jg, plan.source, mesh)
     timings["trace_s"] = time.perf_counter() - t
     t = time.perf_counter()
     local = trace_local_joint(jg, plan, mesh)

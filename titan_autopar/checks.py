@@ -16,7 +16,7 @@ import torch
 from torch.distributed.tensor.placement_types import Placement, Shard
 
 
-def positive_number(name: str, value, *, allow_none: bool = True) -> None:
+def positive_number(name: str, value, *, allow_none: bool = True, most: float = math.inf) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -24,6 +24,8 @@ def positive_number(name: str, value, *, allow_none: bool = True) -> None:
                          f"e.g. {name}=80")
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number above 0, got {value!r}")
+    if value > most:
+        raise ValueError(f"{name} must be at most {most:.0f}, got {value!r}")
 
 
 def tensor_inputs(sample_inputs) -> tuple[torch.Tensor, ...]:

@@ -14,13 +14,20 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
 import time
 from pathlib import Path
 
-MAX_MESH_RANKS = 1 << 16
+from titan_autopar.limits import MAX_LOCAL_BATCH, MAX_MEMORY_BUDGET_GIB, MAX_MESH_RANKS, MAX_SEQ_LEN
+
+# what `plan` uses for a flag that is not given and no --config decides
+PLAN_DEFAULTS = {"model": "llama3", "flavor": "8B", "mesh": "dp_shard=8,tp=8", "hardware": "h100",
+                 "seq_len": 8192, "local_batch_size": 1, "memory_budget_gib": None,
+                 "solver": "highs", "time_limit_s": None, "activation_checkpointing": "none",
+                 "cp_attention": None, "param_dtype": None}
 
 
 def parse_mesh(text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
@@ -31,10 +38,8 @@ def parse_mesh(text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
         if "=" not in part:
             raise ValueError(f"--mesh wants name=size pairs like dp_shard=8,tp=8; got {part!r}")
         n, s = part.split("=", 1)
-        if not s.strip().isdigit() or int(s) < 1:
-            raise ValueError(f"--mesh: size of {n!r} must be a positive integer, got {s!r}")
         names.append(n.strip())
-        sizes.append(int(s))
+        sizes.append(whole_size(s, f"--mesh: size of {n.strip()!r}"))
     if len(set(names)) != len(names):
         raise ValueError(f"--mesh names a dim twice: {text!r}")
     check_dim_names(names)
@@ -44,8 +49,17 @@ def parse_mesh(text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
     return tuple(names), tuple(sizes)
 
 
-def _positive(kind):
-    """An argparse type: a finite number (int or float) above zero."""
+def whole_size(text: str, what: str) -> int:
+    """`text` as a size of at least 1, written in the digits 0-9 ("²" is not a size)."""
+    t = text.strip()
+    if not (t.isascii() and t.isdigit()) or int(t) < 1:
+        raise ValueError(f"{what} must be a positive integer (a whole number such as 8, in the "
+                         f"digits 0-9), got {text!r}")
+    return int(t)
+
+
+def _positive(kind, most=None):
+    """An argparse type: a finite number (int or float) above zero, and at most `most`."""
     def parse(text: str):
         try:
             v = kind(text)
@@ -54,26 +68,54 @@ def _positive(kind):
                 f"expected {'a whole number' if kind is int else 'a number'}, got {text!r}") from None
         if not math.isfinite(v) or v <= 0:
             raise argparse.ArgumentTypeError(f"must be more than 0, got {text!r}")
+        if most is not None and v > most:
+            raise argparse.ArgumentTypeError(f"must be at most {int(most)}, got {text!r}")
         return v
     return parse
 
 
 def check_out_path(out: str, force: bool) -> Path:
-    """Refuse, before any planning, an --out that cannot take a plan: a folder, a path under a
-    file, or an existing file that is not a plan (unless `force`)."""
+    """Refuse, before any planning, an --out that cannot take a plan (`files.check_out_file`):
+    a folder, a device or pipe, a path under a file, a name too long, or an existing file that
+    is not a plan (unless `force`)."""
+    from titan_autopar.files import check_out_file
     from titan_autopar.plan import is_plan_file
 
-    p = Path(out)
-    if p.is_dir():
-        raise ValueError(f"--out {out} is a folder: give a file name such as {p / 'plan.json'}")
+    p = check_out_file(out, label=f"--out {out}", what="a plan", ours=is_plan_file,
+                       force=force)
+    check_writable(p)
+    return p
+
+
+def check_profile_given(hardware: str, given_as: str) -> None:
+    """A profile path (`--hardware PATH`, a config's `[auto_parallel] hardware = "PATH"`) read
+    and checked before any work; the error names where it was given."""
+    from titan_autopar.cost.hardware import get_hardware, is_profile_path
+
+    if is_profile_path(hardware):
+        try:
+            get_hardware(hardware)
+        except ValueError as e:
+            raise ValueError(f"{given_as}: {e}") from None
+
+
+def check_writable(p: Path, flag: str = "--out") -> None:
+    """Refuse, before any work, a file path whose folder cannot take a new file: a parent that
+    is a file, or a folder this process cannot write (tried with a file of its own, removed)."""
+    import tempfile
+
     for parent in p.parents:
         if parent.exists() and not parent.is_dir():
-            raise ValueError(f"--out {out}: {parent} is a file, so nothing can be written under "
-                             "it; choose another --out")
-    if p.exists() and not force and not is_plan_file(p):
-        raise ValueError(f"--out {out} exists and is not a plan: refusing to overwrite it. Choose "
-                         "another --out, or add --force to replace it")
-    return p
+            raise ValueError(f"{flag} {p}: {parent} is a file, so nothing can be written under "
+                             f"it; choose another {flag}")
+    folder = next(d for d in p.absolute().parents if d.exists())
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".titan_autopar_probe.")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise ValueError(f"{flag} {p}: the folder {folder} cannot be written ({e.strerror}); "
+                         f"choose another {flag}") from None
 
 
 def fake_mesh(names, sizes):
@@ -108,8 +150,72 @@ def _calibrated_here(config, world: int) -> str:
                      "--out profile.json`) or a preset such as --hardware cpu")
 
 
+def _job_with_flags(a, given: set[str]):
+    """The job `--config` names, with every flag given in its place (one rule: a flag given
+    overrides the config)."""
+    from titan_autopar.titan.job_file import planning_job
+
+    job = planning_job(a.config)
+    over = {k: getattr(a, k) for k in given if k not in ("mesh", "param_dtype")}
+    if "mesh" in given:
+        names, sizes = parse_mesh(a.mesh)
+        over.update(mesh_names=names, mesh_sizes=sizes, world_size=math.prod(sizes),
+                    expert_parallel=dict(zip(names, sizes)).get("ep", 1))
+    if "param_dtype" in given:  # the job's None: compute in the parameters' own fp32
+        over["param_dtype"] = None if a.param_dtype == "float32" else a.param_dtype
+    return dataclasses.replace(job, **over)
+
+
 def cmd_plan(a) -> int:
     check_out_path(a.out, a.force)
+    given = {k for k in PLAN_DEFAULTS if getattr(a, k) is not None}
+    if a.search and not a.config:
+        raise ValueError("--search needs --config: the degree search takes the job's rank count, "
+                         "model and batch from a TorchTitan TOML")
+    if a.hardware == "calibrate" and not a.config:
+        raise ValueError("--hardware calibrate measures the ranks of a job, so it needs --config "
+                         "JOB.toml (the job to measure); to price this machine without a job, "
+                         "run `titan-autopar calibrate --out profile.json` and give --hardware "
+                         "profile.json")
+    job = _job_with_flags(a, given) if a.config else None
+    search = bool(a.search or (job and job.search_degrees))
+    if a.top is not None and not search:
+        raise ValueError("--top counts the degrees the search plans in full, so it needs --search "
+                         "(with --config): add --search, or drop --top")
+    if search and "mesh" in given:
+        raise ValueError("--mesh with --search: the search chooses the mesh from the job's rank "
+                         "count; drop --mesh to search, or drop --search to plan that mesh")
+    if search:
+        from titan_autopar.titan.search_outputs import check_search_outputs
+
+        check_search_outputs(a.out, a.force)
+    given_as = (f"--hardware {a.hardware}" if "hardware" in given or job is None
+                else f"{a.config}: [auto_parallel] hardware = {job.hardware!r}")
+    if job is not None:  # the job decides what no flag gave
+        a.model, a.flavor, a.seq_len = job.model, job.flavor, job.seq_len
+        a.local_batch_size, a.hardware = job.local_batch_size, job.hardware
+        a.memory_budget_gib, a.solver, a.time_limit_s = (job.memory_budget_gib, job.solver,
+                                                         job.time_limit_s)
+        a.activation_checkpointing, a.cp_attention = job.activation_checkpointing, job.cp_attention
+        a.param_dtype = job.param_dtype or "float32"  # the job computes in fp32: priced so
+        a.mesh = ",".join(f"{n}={s}" for n, s in zip(job.mesh_names, job.mesh_sizes))
+    else:
+        for k, v in PLAN_DEFAULTS.items():
+            if getattr(a, k) is None:
+                setattr(a, k, v)
+    if a.hardware == "calibrate":
+        a.hardware = _calibrated_here(a.config, job.world_size)
+        if job is not None:
+            job = dataclasses.replace(job, hardware=a.hardware)
+    names, sizes = parse_mesh(a.mesh)
+    from titan_autopar.cost.hardware import get_hardware
+
+    check_profile_given(a.hardware, given_as)  # a bad profile, named where it was given
+    get_hardware(a.hardware)  # an unknown preset, before the model is built
+    t0 = time.perf_counter()
+    say = lambda s: print(f"[{time.perf_counter() - t0:6.1f}s] {s}", flush=True)  # noqa: E731
+    if search:
+        return _search(a, job, say)
     import torch
 
     from titan_autopar import plan_model
@@ -117,36 +223,18 @@ def cmd_plan(a) -> int:
     from titan_autopar.titan.loop_collectives import trainer_loop_collectives
     from titan_autopar.titan.models import build_model, global_batch
 
-    if a.config:  # the job file decides model, shapes, mesh, hardware and budget
-        from titan_autopar.titan.job_file import planning_job
-
-        job = planning_job(a.config)
-        a.model, a.flavor, a.seq_len = job.model, job.flavor, job.seq_len
-        a.local_batch_size, a.hardware = job.local_batch_size, a.hardware or job.hardware
-        a.memory_budget_gib = a.memory_budget_gib or job.memory_budget_gib
-        a.activation_checkpointing = job.activation_checkpointing
-        a.cp_attention = job.cp_attention if a.cp_attention is None else a.cp_attention
-        a.param_dtype = job.param_dtype or "float32"  # the job computes in fp32: priced so
-        a.mesh = ",".join(f"{n}={s}" for n, s in zip(job.mesh_names, job.mesh_sizes))
-    a.hardware = a.hardware or "h100"
-    if a.search and not a.config:
-        raise ValueError("--search needs --config: the degree search takes the job's rank count, "
-                         "model and batch from a TorchTitan TOML")
-    if a.hardware == "calibrate":
-        a.hardware = _calibrated_here(a.config, job.world_size if a.config else 1)
-    names, sizes = parse_mesh(a.mesh)
-    t0 = time.perf_counter()
-    say = lambda s: print(f"[{time.perf_counter() - t0:6.1f}s] {s}", flush=True)  # noqa: E731
-    if a.search or (a.config and job.search_degrees):
-        return _search(a, job, say)
     say(f"building {a.model} {a.flavor} on the meta device")
     model, _ = build_model(a.model, a.flavor, a.seq_len)
-    if a.config:
-        from titan_autopar.titan.manual_marks import mark_job_regions
+    from titan_autopar.titan.manual_marks import mark_job_regions, mark_mesh_regions
 
+    if job is not None:
         marked = mark_job_regions(model, job.expert_parallel, job.manual_modules, job.manual_style)
-        if marked:
-            say(f"manual regions: {', '.join(marked[:4])}{' ...' if len(marked) > 4 else ''}")
+        style = job.manual_style if job.manual_modules else "torchtitan_ep"
+    else:  # an ep dim runs the MoE blocks expert-parallel, as a job with that degree does
+        marked, style = mark_mesh_regions(model, names, sizes), "torchtitan_ep"
+    if marked:
+        say(f"manual regions ({style}): {', '.join(marked[:4])}"
+            f"{' ...' if len(marked) > 4 else ''}")
     mesh = fake_mesh(names, sizes)
     batch = global_batch(a.local_batch_size, names, sizes)
     tokens = torch.zeros(batch, a.seq_len, dtype=torch.long)
@@ -160,7 +248,7 @@ def cmd_plan(a) -> int:
                       precision=Precision(exact_floats=True) if a.param_dtype == "float32" else None,
                       cp_attention=a.cp_attention or "cheapest", progress=say,
                       loop_collectives=trainer_loop_collectives(names, sizes, job.log_freq)
-                      if a.config else ())
+                      if job is not None else ())
     plan.save(a.out, timings=a.timings)
     say(f"wrote {a.out}")
     if a.explain:
@@ -171,23 +259,17 @@ def cmd_plan(a) -> int:
 def _search(a, job, say) -> int:
     """`plan --config X --search`: rank the job's degrees, write the winner's plan, its
     [parallelism] block and the table beside --out."""
-    from titan_autopar.files import write_atomic
     from titan_autopar.titan.degree_search import search_degrees, table
+    from titan_autopar.titan.search_outputs import write_search_outputs
 
-    res = search_degrees(job, hardware=a.hardware, make_mesh=fake_mesh, top=a.top, say=say,
-                         solver=a.solver)
+    res = search_degrees(job, hardware=job.hardware, make_mesh=fake_mesh, top=a.top or 2, say=say,
+                         solver=job.solver, time_limit_s=job.time_limit_s)
     text = table(res, a.hardware)
     print(text)
-    out = Path(a.out)
-    res.plans[res.winner.degrees].save(out, timings=a.timings)
-    stem = out.with_suffix("")
-    block, md = stem.with_suffix(".parallelism.toml"), stem.with_suffix(".search.md")
-    write_atomic(block, f"# the degrees `titan-autopar plan --config {a.config} --search` chose\n"
-           + res.winner.degrees.toml())
-    write_atomic(md, text + "\n")
+    out, block, md = write_search_outputs(a.out, res.plans[res.winner.degrees], a.config,
+                                          res.winner.degrees, text, timings=a.timings)
     say(f"wrote {out} (the winner's plan), {block} and {md}")
     return 0
-
 
 
 def cmd_explain(a) -> int:
@@ -206,11 +288,14 @@ def cmd_diff(a) -> int:
 
 def cmd_show(a) -> int:
     from titan_autopar import Plan
-    from titan_autopar.plan_picture import draw
+    from titan_autopar.files import check_out_file
+    from titan_autopar.plan_picture import draw, is_plan_picture
 
     out = Path(a.out)
-    if out.suffix.lower() != ".png" or out.is_dir():
+    if out.suffix.lower() != ".png":
         raise ValueError(f"--out {a.out}: give a .png file name, such as plan.png")
+    check_out_file(out, label=f"--out {a.out}", what="a picture `titan-autopar show` drew",
+                   ours=is_plan_picture, force=a.force, example="plan.png")
     print(f"wrote {draw(Plan.load(a.plan), out)}")
     return 0
 
@@ -219,7 +304,8 @@ def cmd_ab(a) -> int:
     from titan_autopar.titan.ab import run_ab, table
 
     res = run_ab(a.config, nproc=a.nproc, steps=a.steps, out_dir=a.out, twin=a.twin,
-                 device=a.device, measure_now=not a.cached_profile, rounds=a.rounds)
+                 device=a.device, measure_now=not a.cached_profile, rounds=a.rounds,
+                 force=a.force)
     print(table(res))
     out = a.out or f"out/ab/{Path(a.config).stem}"
     print(f"[ab] wrote {out}/ab.json and {out}/ab.png")
@@ -229,17 +315,27 @@ def cmd_ab(a) -> int:
 def cmd_calibrate(a) -> int:
     import subprocess
 
+    from titan_autopar.cost.profile import is_profile_file
+    from titan_autopar.files import check_out_file
     from titan_autopar.titan.launch import calibrate_command
 
-    out = Path(a.out)
-    if out.is_dir():
-        raise ValueError(f"--out {a.out} is a folder: give a file name such as {out / 'profile.json'}")
+    out = check_out_file(a.out, label=f"--out {a.out}", what="a hardware profile",
+                         ours=is_profile_file, force=a.force, example="profile.json")
+    check_writable(out)  # before measuring, not after
     if a.mesh:
-        sizes = [int(x) for x in a.mesh.split(",") if x.strip().isdigit()]
-        if len(sizes) != len(a.mesh.split(",")) or math.prod(sizes) != a.nproc:
+        sizes = [whole_size(x, f"--mesh {a.mesh}: each size") for x in a.mesh.split(",")]
+        if math.prod(sizes) != a.nproc:
             raise ValueError(f"--mesh {a.mesh}: give sizes like 2,2 whose product is --nproc "
                              f"{a.nproc}")
-    cmd, env = calibrate_command(a.nproc, out, a.device, a.mesh)
+    if a.device == "cuda":
+        import torch
+
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have < a.nproc:
+            raise ValueError(f"--device cuda --nproc {a.nproc}: torch sees {have} CUDA GPU(s) on "
+                             "this machine; " + (f"give --nproc {have} or less, or " if have else "")
+                             + "use --device cpu to measure CPU ranks")
+    cmd, env = calibrate_command(a.nproc, out, a.device, a.mesh, force=a.force)
     print(f"[calibrate] measuring {a.nproc} {a.device} ranks (about 35 s on CPU)", flush=True)
     run = subprocess.run(cmd, env=env)
     if run.returncode != 0:
@@ -247,27 +343,40 @@ def cmd_calibrate(a) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, its refusals in one line (the flag, what is wrong) instead of the usage."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="titan-autopar", description=__doc__.split("\n")[0])
+    ap = _Parser(prog="titan-autopar", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("plan", help="plan a TorchTitan model on a simulated cluster")
     p.add_argument("--config", default=None, help="a TorchTitan TOML: plan that job (its model, "
-                   "flavor, seq_len, local_batch_size, degrees, hardware); replaces the options below")
-    p.add_argument("--model", default="llama3")
-    p.add_argument("--flavor", default="8B")
-    p.add_argument("--mesh", default="dp_shard=8,tp=8", help="name=size,... outermost first")
+                   "flavor, seq_len, local_batch_size, degrees, hardware, budget, solver, "
+                   "checkpointing, precision); every other flag given overrides the job's value")
+    p.add_argument("--model", default=None, help="a TorchTitan model (default llama3)")
+    p.add_argument("--flavor", default=None, help="its flavor (default 8B)")
+    p.add_argument("--mesh", default=None, help="name=size,... outermost first (default "
+                   "dp_shard=8,tp=8)")
     p.add_argument("--hardware", default=None, help="a preset (h100, h200, a100, b200, cpu) or "
-                   "a profile file from `titan-autopar calibrate` (default h100, or the config's)")
-    p.add_argument("--seq-len", type=_positive(int), default=8192)
-    p.add_argument("--local-batch-size", type=_positive(int), default=1)
-    p.add_argument("--memory-budget-gib", type=_positive(float), default=None)
-    p.add_argument("--solver", default="highs", choices=["highs", "cbc", "joint"],
+                   "a profile file from `titan-autopar calibrate` (default h100)")
+    p.add_argument("--seq-len", type=_positive(int, MAX_SEQ_LEN), default=None,
+                   help="tokens per sequence (default 8192)")
+    p.add_argument("--local-batch-size", type=_positive(int, MAX_LOCAL_BATCH), default=None,
+                   help="sequences per data-parallel rank (default 1)")
+    p.add_argument("--memory-budget-gib", type=_positive(float, MAX_MEMORY_BUDGET_GIB), default=None,
+                   help="memory per device (default: the hardware's)")
+    p.add_argument("--solver", default=None, choices=["highs", "cbc", "joint"],
                    help="highs (default): HiGHS in this process; cbc: CBC in a subprocess; "
                    "joint: one exact program over every mesh dim, a check on the default "
                    "descent for small problems only")
-    p.add_argument("--activation-checkpointing", default="none",
+    p.add_argument("--activation-checkpointing", default=None,
                    choices=["none", "selective", "full"],
-                   help="recompute block activations in backward (TorchTitan's AC modes)")
+                   help="recompute block activations in backward (TorchTitan's AC modes; default "
+                   "none)")
     p.add_argument("--cp-attention", default=None, choices=["cheapest", "ring"],
                    help="attention on a cp dim: whatever is priced lowest (default: batch, heads "
                    "or sequence -- ring attention -- sharded, or replicated), or always ring "
@@ -281,11 +390,13 @@ def main(argv=None) -> int:
     p.add_argument("--search", action="store_true", help="with --config: search the job's "
                    "parallelism degrees (dp_replicate x dp_shard x tp, x ep for MoE) for its rank "
                    "count; print a ranked table and write the winner's plan and [parallelism] block")
-    p.add_argument("--top", type=_positive(int), default=2,
-                   help="with --search: how many of the best-screened degrees to plan in full")
+    p.add_argument("--top", type=_positive(int), default=None,
+                   help="with --search: how many of the best-screened degrees to plan in full "
+                   "(default 2)")
     p.add_argument("--out", default="plan.json")
     p.add_argument("--force", action="store_true",
-                   help="replace --out even if it exists and is not a plan")
+                   help="replace --out (and with --search the block and table beside it) even "
+                   "if it exists and is not what this command writes")
     p.add_argument("--timings", action="store_true", help="also write wall-clock phase timings")
     p.add_argument("--explain", action="store_true", help="print the plan's explanation")
     p.set_defaults(fn=cmd_plan)
@@ -299,6 +410,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("show", help="draw a plan: placements, memory, communication, step time")
     p.add_argument("plan")
     p.add_argument("--out", default="plan.png")
+    p.add_argument("--force", action="store_true",
+                   help="replace --out even if it exists and is not a picture this command drew")
     p.set_defaults(fn=cmd_show)
     p = sub.add_parser("ab", help="train a TorchTitan config under auto and with its expert "
                        "twin from one seed checkpoint (CPU ranks or GPUs), and compare")
@@ -307,7 +420,10 @@ def main(argv=None) -> int:
                    "config with auto = false)")
     p.add_argument("--nproc", type=_positive(int), default=4)
     p.add_argument("--steps", type=_positive(int), default=20)
-    p.add_argument("--out", default=None, help="output folder (default out/ab/<config name>)")
+    p.add_argument("--out", default=None, help="output folder (default out/ab/<config name>); "
+                   "an earlier A/B's results there are cleared")
+    p.add_argument("--force", action="store_true", help="clear --out even if it holds files an "
+                   "A/B did not write")
     p.add_argument("--rounds", type=_positive(int), default=1, help="run each arm this many "
                    "times, taking turns to go first; figures are medians over the rounds")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
@@ -323,6 +439,8 @@ def main(argv=None) -> int:
                    "(default: all ranks in one dim)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--out", default="profile.json")
+    p.add_argument("--force", action="store_true",
+                   help="replace --out even if it exists and is not a hardware profile")
     p.set_defaults(fn=cmd_calibrate)
     a = ap.parse_args(argv)
     try:

@@ -75,9 +75,10 @@ class StalePlanError(ValueError):
 
 
 def is_plan_file(path) -> bool:
-    """True if `path` holds a titan_autopar plan (of any schema version)."""
+    """True if `path` holds a plan this version loads: every field checks (`Plan.load`). A
+    JSON file that merely has a `schema_version` key is not one."""
     try:
-        read_plan_file(path)
+        Plan.load(path)
         return True
     except PlanError:
         return False

@@ -1,29 +1,35 @@
 """Reading a plan file safely: every field checked, every failure one `PlanError`.
 
 A plan is a file people edit, copy and mistype, so nothing in it is trusted. `read_plan_file`
-reads the text (a missing file, a folder, binary data or JSON nested past any plan's depth are
-errors, not tracebacks), parses it (duplicate keys and NaN are refused) and `check_plan_data`
-checks each field against the schema written out in `docs/plan_format.md`: types, placement
-syntax ("R", "P", "S(d)"), one placement per mesh dim, the mesh against the fingerprint, the
-collectives' mesh dims against the mesh. Every error names the file and the field, so a person
-can find what to fix. What needs the model itself (a Shard dim beyond a tensor's rank, the
-`parameters` section against the graph's parameter nodes) is checked where the graph is known:
-`apply_plan`, before any rank runs the plan.
+reads the text through `files.read_capped` (a missing file, a folder, a device or a named pipe
+are errors, not tracebacks or hangs), parses it with `strict_json` (binary data, duplicate keys,
+NaN, numbers of absurd length and JSON nested past any plan's depth are refused, naming the
+field where there is one) and `check_plan_data` checks each field against the schema written
+out in `docs/plan_format.md`: types and ranges, placement syntax ("R", "P", "S(d)"), one
+placement per mesh dim, the mesh against the fingerprint, the collectives' mesh dims against the
+mesh. Every error names the file and the field, so a person can find what to fix. What needs
+the model itself is checked where the graph is known, by `check_against_graph` in `apply_plan`
+before any rank runs the plan: a Shard dim beyond a tensor's rank, the `parameters` section
+against the graph's parameter nodes and the manual regions' declarations, and every node's
+placements against the ways its op runs.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from pathlib import Path
+
+from titan_autopar import strict_json
+from titan_autopar.files import read_capped
 
 SCHEMA_VERSION = 2  # 2: manual regions (`manual_regions` replaces `opaque_blocks`)
-MAX_PLAN_BYTES = 1 << 30
 _PLACEMENT = re.compile(r"^(R|P|S\((0|[1-9][0-9]{0,2})\))$")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 REGION_STYLES = ("user", "data_parallel", "torchtitan_ep")
 CHECKPOINTING = ("none", "selective", "full")
+SOLVERS = ("highs", "cbc", "joint")
+RECIPES = ("fsdp", "fsdp_tp")
+COLLECTIVE_KINDS = ("parameter", "activation", "region")
 
 
 class PlanError(ValueError):
@@ -36,48 +42,19 @@ def _fail(source, where: str, what: str):
 
 def read_plan_file(path) -> dict:
     """The JSON object in the file at `path`, or PlanError saying why there is none."""
-    p = Path(path)
-    if not p.exists():
-        raise PlanError(f"{p}: no such file: give the path of a plan saved by `titan-autopar "
-                        "plan` or by a job's save_plan")
-    if p.is_dir():
-        raise PlanError(f"{p} is a folder, not a plan file: give the path of a .json plan")
-    try:
-        if p.stat().st_size > MAX_PLAN_BYTES:
-            raise PlanError(f"{p} is {p.stat().st_size} bytes, larger than any plan: not a plan")
-        raw = p.read_bytes()
-    except OSError as e:
-        raise PlanError(f"{p} cannot be read: {e.strerror}") from None
-    return parse_plan_text(raw, p)
-
-
-def _no_duplicates(pairs):
-    out = {}
-    for k, v in pairs:
-        if k in out:
-            raise PlanError(f"key {k!r} appears twice in one object")
-        out[k] = v
-    return out
-
-
-def _no_constants(name):
-    raise PlanError(f"{name} is not a number a plan can hold")
+    raw = read_capped(path, name=str(path), what="a plan", error=PlanError,
+                      fix="give the path of a plan saved by `titan-autopar plan` or by a job's "
+                      "save_plan")
+    return parse_plan_text(raw, path)
 
 
 def parse_plan_text(raw: bytes | str, source) -> dict:
     try:
-        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-    except UnicodeDecodeError:
-        raise PlanError(f"{source} is not a plan: not UTF-8 text (a binary file?)") from None
-    try:
-        d = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
-    except PlanError as e:
-        raise PlanError(f"{source} is not a valid plan: {e}") from None
-    except json.JSONDecodeError as e:
-        raise PlanError(f"{source} is not a plan: not JSON ({e})") from None
-    except RecursionError:
-        raise PlanError(f"{source} is not a plan: its JSON is nested deeper than any plan's") \
-            from None
+        d = strict_json.loads(raw, "plan")
+    except strict_json.JsonProblem as e:
+        if e.where:
+            raise PlanError(f"{source}: {e.where}: {e.what}") from None
+        raise PlanError(f"{source} is not a plan: {e.what}") from None
     if not isinstance(d, dict) or "schema_version" not in d:
         raise PlanError(f"{source} is not a titan_autopar plan (no schema_version)")
     return d
@@ -110,11 +87,19 @@ def _int(src, where, v, low: int = 0) -> int:
     return v
 
 
-def _num(src, where, v, low: float = 0.0) -> float:
+def _num(src, where, v, low: float | None = 0.0, unit: str = "") -> float:
+    """A finite number, at least `low` (None: any); `unit` names what it counts."""
+    want = "a number" + (f" of {unit}" if unit else "") + ("" if low is None else f" >= {low:g}")
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-        _fail(src, where, f"expected a number, found {_kind(v)}")
-    if v < low:
-        _fail(src, where, f"expected a number of at least {low}, found {v}")
+        _fail(src, where, f"expected {want}, found {_kind(v)}")
+    if low is not None and v < low:
+        _fail(src, where, f"expected {want}, found {v}")
+    return v
+
+
+def _one_of(src, where, v, allowed) -> str:
+    if v not in allowed:
+        _fail(src, where, f"found {_kind(v)}; expected one of {', '.join(allowed)}")
     return v
 
 
@@ -122,6 +107,14 @@ def _bool(src, where, v) -> bool:
     if not isinstance(v, bool):
         _fail(src, where, f"expected true or false, found {_kind(v)}")
     return v
+
+
+def _is_dtype(name: str) -> bool:
+    """A torch dtype's name as the fingerprint writes it ("torch.int64")."""
+    import torch
+
+    return name.startswith("torch.") and isinstance(
+        getattr(torch, name.removeprefix("torch."), None), torch.dtype)
 
 
 def _kind(v) -> str:
@@ -153,11 +146,17 @@ def _placements(src, where, v, ndim: int, *, absent_ok: bool = False) -> list:
 
 
 def _price(src, where, v) -> None:
+    """A price (`predicted`, or one of `recipes`): seconds and GiB, none below 0; `framework_s`
+    and `loop_s` may be absent (plans written before they were priced)."""
     _obj(src, where, v)
-    for k in ("step_time_s", "compute_s", "exposed_comm_s", "total_comm_s", "peak_memory_gib"):
-        _num(src, f"{where}.{k}", v.get(k))
+    for k in ("step_time_s", "compute_s", "exposed_comm_s", "total_comm_s"):
+        _num(src, f"{where}.{k}", v.get(k), unit="seconds")
+    for k in ("framework_s", "loop_s"):
+        if k in v:
+            _num(src, f"{where}.{k}", v[k], unit="seconds")
+    _num(src, f"{where}.peak_memory_gib", v.get("peak_memory_gib"), unit="GiB")
     for k, x in _obj(src, f"{where}.memory_gib", v.get("memory_gib")).items():
-        _num(src, f"{where}.memory_gib.{k}", x)
+        _num(src, f"{where}.memory_gib.{k}", x, unit="GiB")
 
 
 def check_plan_data(d: dict, source) -> None:
@@ -174,6 +173,8 @@ def check_plan_data(d: dict, source) -> None:
                 "manual_regions"):
         if key not in d:
             _fail(src, key, "missing: the plan is incomplete; replan with `titan-autopar plan`")
+    if "planner_revision" in d:
+        _int(src, "planner_revision", d["planner_revision"], low=1)
 
     mesh = _obj(src, "mesh", d["mesh"])
     names = _list(src, "mesh.names", mesh.get("names"))
@@ -205,7 +206,7 @@ def check_plan_data(d: dict, source) -> None:
             _fail(src, w, "expected [shape, dtype]")
         for j, s in enumerate(_list(src, f"{w}[0]", x[0])):
             _int(src, f"{w}[0][{j}]", s)
-        if not _str(src, f"{w}[1]", x[1]).startswith("torch."):
+        if not _is_dtype(_str(src, f"{w}[1]", x[1])):
             _fail(src, f"{w}[1]", f"expected a torch dtype such as 'torch.int64', found {x[1]!r}")
     fmesh = _obj(src, "fingerprint.mesh", fp.get("mesh"))
     if fmesh != {"names": names, "shape": shape}:
@@ -228,20 +229,26 @@ def check_plan_data(d: dict, source) -> None:
                 _num(src, f"{w}[3]", f[3])
         elif k != "name":
             _num(src, f"hardware.{k}", x)
-    _num(src, "memory_budget_gib", d["memory_budget_gib"])
+    _num(src, "memory_budget_gib", d["memory_budget_gib"], unit="GiB")
     if d["memory_budget_gib"] <= 0:
         _fail(src, "memory_budget_gib", "must be more than 0")
     _price(src, "predicted", d["predicted"])
     for r, p in _obj(src, "recipes", d["recipes"]).items():
+        if r not in RECIPES:
+            _fail(src, f"recipes.{r}", f"is no recipe: the priced recipes are {', '.join(RECIPES)}")
         _price(src, f"recipes.{r}", p)
 
     sv = _obj(src, "solver", d["solver"])
-    for k in ("name", "method", "status", "best_start"):
+    _one_of(src, "solver.name", sv.get("name"), SOLVERS)
+    for k in ("method", "status", "best_start"):
         _str(src, f"solver.{k}", sv.get(k))
     for k in ("gap", "objective_ms"):
         _num(src, f"solver.{k}", sv.get(k))
     for k in ("programs", "max_variables", "max_constraints"):
         _int(src, f"solver.{k}", sv.get(k))
+    for k in ("simplex_iterations", "nodes"):  # the solver's counted work (absent before it was)
+        if k in sv:
+            _int(src, f"solver.{k}", sv[k])
 
     sizes = _obj(src, "sizes", d["sizes"])
     for k in ("graph_nodes", "representatives", "edges", "options"):
@@ -283,10 +290,11 @@ def check_plan_data(d: dict, source) -> None:
     rs = d.get("recipe_schedule")
     if rs is not None:
         _obj(src, "recipe_schedule", rs)
-        if rs.get("recipe") not in d.get("recipes", {}):
+        if rs.get("recipe") != "fsdp" or "fsdp" not in d["recipes"]:
             _fail(src, "recipe_schedule.recipe", f"found {_kind(rs.get('recipe'))}; expected "
-                  f"one of the priced recipes ({', '.join(d.get('recipes', {})) or 'none'}), "
-                  "or recipe_schedule null")
+                  "'fsdp' (a priced recipe of the plan's `recipes`), or recipe_schedule null")
+        _num(src, "recipe_schedule.gain_pct", rs.get("gain_pct"), low=None)
+        _str(src, "recipe_schedule.why", rs.get("why"))
     dt = d.get("param_dtype")
     if dt is not None and dt not in DTYPES:
         _fail(src, "param_dtype", f"found {_kind(dt)}; expected null or one of {', '.join(DTYPES)}")
@@ -312,13 +320,14 @@ def check_plan_data(d: dict, source) -> None:
     for i, c in enumerate(_list(src, "collectives", d["collectives"])):
         w = f"collectives[{i}]"
         _obj(src, w, c)
-        for k in ("producer", "consumer", "block", "kind", "collective"):
+        for k in ("producer", "consumer", "block", "collective"):
             _str(src, f"{w}.{k}", c.get(k))
+        _one_of(src, f"{w}.kind", c.get("kind"), COLLECTIVE_KINDS)
         if _str(src, f"{w}.mesh_dim", c.get("mesh_dim")) not in names:
             _fail(src, f"{w}.mesh_dim", f"{c['mesh_dim']!r} is not a dim of the mesh {names}")
         _int(src, f"{w}.bytes", c.get("bytes"))
         _int(src, f"{w}.count", c.get("count"), low=1)
-        _num(src, f"{w}.seconds_each", c.get("seconds_each"))
+        _num(src, f"{w}.seconds_each", c.get("seconds_each"), unit="seconds")
         _placements(src, f"{w}.from", c.get("from"), ndim)
         _placements(src, f"{w}.to", c.get("to"), ndim)
     timings = d.get("timings", {})
@@ -338,10 +347,11 @@ def _rank_problems(where: str, pls, metas) -> str | None:
     return None
 
 
-def check_against_graph(d: dict, jg, source) -> None:
+def check_against_graph(d: dict, jg, source, mesh=None) -> None:
     """What a plan file can only be checked against with the model's traced graph `jg` at hand:
-    every Shard dim within its tensor's rank, one output placement per output, and each
-    parameter's placement in `parameters` equal to its graph node's (the one that runs)."""
+    every Shard dim within its tensor's rank, one output placement per output, each parameter's
+    placement in `parameters` equal to its graph node's (the one that runs) and to what its
+    manual region declares; and, given the `mesh`, the program itself (`_check_program`)."""
     import torch.fx as fx
     from torch.utils import _pytree as pytree
 
@@ -371,3 +381,140 @@ def check_against_graph(d: dict, jg, source) -> None:
             _fail(source, f"parameters[{name!r}]", f"says {d['parameters'][name]}, but its graph "
                   f"node nodes[{node.name!r}].out[0] says {entry['out'][0]}; edit both alike "
                   "(the node's placement is what runs) or plan again")
+    names = d["mesh"]["names"]
+    for q, region in jg.manual_regions.items():
+        for pname, declared in region.params.items():
+            have = d["parameters"].get(f"{q}.{pname}")
+            for m, want in enumerate(declared if have else ()):
+                if want is not None and have[m] != _text(want):
+                    _fail(source, f"parameters['{q}.{pname}']", f"is {have}, but its manual "
+                          f"region {q!r} declares {_text(want)} on {names[m]!r} (the region's "
+                          "code receives it so): put back the declared placement or plan again")
+    if mesh is not None:
+        _check_program(d, jg, source, mesh)
+
+
+def _text(p) -> str:
+    """A placement as a plan writes it."""
+    from torch.distributed.tensor import Partial, Shard
+
+    if p is None:
+        return "-"
+    return f"S({p.dim})" if isinstance(p, Shard) else "P" if isinstance(p, Partial) else "R"
+
+
+def _parsed(pl: list[str]) -> tuple | None:
+    """One tensor's placements from the plan; None for "-" (not a tensor)."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    if pl and pl[0] == "-":
+        return None
+    return tuple(Replicate() if p == "R" else Partial() if p == "P" else Shard(int(p[2:-1]))
+                 for p in pl)
+
+
+def _uneven(label: str, pl, t, names, sizes) -> str | None:
+    """Why placements `pl` split tensor `t` into shards of different sizes, or None."""
+    if pl is None or not hasattr(t, "shape"):
+        return None
+    ways = {}
+    for p, n, k in zip(pl, names, sizes):
+        if _text(p).startswith("S(") and k > 1 and p.dim < t.ndim:
+            ways.setdefault(p.dim, []).append((n, k))
+    for dim, over in ways.items():
+        w = math.prod(k for _, k in over)
+        if t.shape[dim] % w:
+            return (f"{label} = {[_text(p) for p in pl]} splits dim {dim} (size {t.shape[dim]}) "
+                    f"of a tensor of shape {tuple(t.shape)} over "
+                    f"{', '.join(f'{n}={k}' for n, k in over)}, which does not divide it: shards "
+                    "must be equal; put back the planned placements or plan again")
+    return None
+
+
+def _check_program(d: dict, jg, source, mesh) -> None:
+    """The program `apply/interpret.py` would build reads `nodes` only: each node's output
+    placements and the placements its tensor inputs are moved to. Each must be, on every mesh
+    dim, a way the op runs (one of the single-dim strategies the planner chooses from,
+    `strategy/options.py`: what DTensor's rules, our own rules and a region's declaration
+    allow -- an op run on local shards, such as attention or a manual region, computes
+    something else on any other), every tensor split into equal shards, and attention's
+    sequence ring-sharded on at most one dim."""
+    import operator
+
+    import torch
+
+    from titan_autopar.cost.ring import ring_dims
+    from titan_autopar.strategy.options import OptionBuilder, output_metas, tensor_inputs
+
+    names, sizes = d["mesh"]["names"], d["mesh"]["shape"]
+    builder = OptionBuilder(mesh[names[0]], jg.manual_regions)
+    params = {node: name for name, node in jg.param_nodes.items()}
+
+    def val(p, i):
+        v = p.meta.get("val")
+        return v[i] if isinstance(v, (tuple, list)) else v
+
+    for n in jg.gm.graph.nodes:
+        if n.op == "placeholder":
+            outs, ins = [n.meta.get("val")], []
+            what = f"nodes[{n.name!r}]" + (f" (parameter {params[n]})" if n in params else "")
+        elif n.op == "call_function" and n.target is not operator.getitem:
+            outs = output_metas(n)
+            if not any(isinstance(t, torch.Tensor) for t in outs):
+                continue
+            ins = [val(p, i) for p, i in tensor_inputs(n)]
+            what = f"nodes[{n.name!r}] ({n.target})"
+        else:
+            continue
+        entry = d["nodes"].get(n.name)
+        if entry is None:
+            _fail(source, "nodes", f"has no entry for graph node {n.name!r}: the plan was made "
+                  "for another graph; plan again")
+        given_in = entry.get("in", []) if n.op == "call_function" else []
+        if len(entry["out"]) != len(outs) or len(given_in) != len(ins):
+            _fail(source, what, f"has placements for {len(entry['out'])} outputs and "
+                  f"{len(given_in)} inputs; the op has {len(outs)} and {len(ins)}: put back the "
+                  "planned entry or plan again")
+        out_pl, in_pl = [_parsed(pl) for pl in entry["out"]], [_parsed(pl) for pl in given_in]
+        for label, pls, ts in ((f"{what}.out", out_pl, outs), (f"{what}.in", in_pl, ins)):
+            for k, (pl, t) in enumerate(zip(pls, ts)):
+                problem = _uneven(f"{label}[{k}]", pl, t, names, sizes)
+                if problem:
+                    _fail(source, "", problem)
+        if n.op == "placeholder":
+            options = builder.tensor_options(outs[0])
+            allowed = [range(len(options))] * len(names)
+        else:
+            options, _ = builder.options(n)
+            allowed = builder.dim_options(n) or [range(len(options))] * len(names)
+        chosen = []
+        for m, dim in enumerate(names):
+            out_m = tuple(None if pl is None else pl[m] for pl in out_pl)
+            in_m = tuple(pl[m] if pl is not None else None for pl in in_pl)
+            hit = next((options[i] for i in allowed[m]
+                        if options[i].out == out_m and options[i].ins == in_m), None)
+            if hit is None:
+                _fail(source, "", _not_a_way(what, dim, out_m, in_m, n.op == "placeholder",
+                                             [options[i] for i in allowed[m]], outs[0]))
+            chosen.append(hit)
+        ring = ring_dims(n, chosen)
+        if len(ring) > 1:
+            _fail(source, "", f"{what} shards attention's sequence over mesh dims "
+                  f"{', '.join(repr(names[m]) for m in ring)}: ring attention runs on one mesh "
+                  "dim; put back the planned placements or plan again")
+
+
+def _not_a_way(what, dim, out_m, in_m, placeholder: bool, options, meta) -> str:
+    def row(ps):
+        return "[" + ", ".join(_text(p) for p in ps) + "]"
+
+    if placeholder:
+        return (f"{what} is {_text(out_m[0])} on mesh dim {dim!r}, which a graph input "
+                f"(parameter, buffer or input) of shape {tuple(meta.shape)} cannot be: it is "
+                f"stored {', '.join(_text(o.out[0]) for o in options)}; put back the planned "
+                "placement or plan again")
+    shown = "; ".join(f"in {row(o.ins)} -> out {row(o.out)}" for o in options[:3])
+    more = f" and {len(options) - 3} more" if len(options) > 3 else ""
+    return (f"{what} on mesh dim {dim!r}: in {row(in_m)} -> out {row(out_m)} is not a way this "
+            f"op runs, so the program would compute something else (it runs {shown}{more}); "
+            "put back the planned placements or plan again")

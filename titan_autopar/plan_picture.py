@@ -8,17 +8,21 @@ Four panels:
                  activations, for the plan and each priced recipe, with the budget
   communication  seconds per step of each collective kind on each mesh dim, its MiB on the bar
   step time      compute and exposed communication, for the plan and each priced recipe
+
+The PNG is written whole (`pictures.save_png`) and titled, so that `show --out` can replace an
+earlier picture of its own and refuse anyone else's (`is_plan_picture`).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from pathlib import Path
 
 from titan_autopar.explain import shown
+from titan_autopar.pictures import png_titled, save_png
 
 COLOURS = {"R": "#d9d9d9", "S(0)": "#4c78a8", "S(1)": "#59a14f", "S": "#f28e2b", "P": "#e15759"}
 MEMORY_KINDS = ("parameters", "gradients", "optimizer", "activations")
+PICTURE_TITLE = "titan-autopar show"  # in the PNG's Title chunk: how a later `show` knows it
 
 
 def _rows(data: dict) -> list[tuple[str, list[str]]]:
@@ -41,7 +45,7 @@ def _colour(p: str) -> str:
     return COLOURS.get(p, COLOURS["S"] if p.startswith("S(") else COLOURS["P"])
 
 
-def draw(plan, path) -> Path:
+def draw(plan, path):
     """Write the picture of `plan` (a Plan) to `path` (PNG); returns the path."""
     import matplotlib
 
@@ -128,10 +132,13 @@ def draw(plan, path) -> Path:
     mesh = " x ".join(f"{n}={s}" for n, s in zip(names, data["mesh"]["shape"]))
     fig.suptitle(f"plan on {mesh}, priced for {data['hardware']['name']}", fontsize=12)
     fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(out)
-    return out
+    try:
+        return save_png(fig, path, PICTURE_TITLE, dpi=110)
+    finally:
+        plt.close(fig)
+
+
+def is_plan_picture(path) -> bool:
+    """True if `path` holds a picture `draw` made (the guard on `show --out` replaces only
+    those unless forced)."""
+    return png_titled(path, PICTURE_TITLE)

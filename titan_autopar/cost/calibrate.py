@@ -50,7 +50,9 @@ import torch
 import torch.distributed as dist
 
 from titan_autopar.cost.hardware import Hardware
-from titan_autopar.cost.profile import COLLECTIVES, round2, this_machine, write_profile
+from titan_autopar.cost.profile import (COLLECTIVES, is_profile_file, round2, this_machine,
+                                        write_profile)
+from titan_autopar.files import check_out_file
 
 SIZES = {"cpu": {"mm": [(256, 256, 256), (512, 256, 768), (512, 512, 1024)],
                  "mm_bf16": [(64, 64, 64), (128, 64, 128), (128, 128, 256)],  # slow on CPUs
@@ -349,7 +351,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--mesh", default="", help="sizes of the mesh dims to measure, e.g. 2,2")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--force", action="store_true",
+                    help="replace --out even if it exists and is not a hardware profile")
     a = ap.parse_args(argv)
+    try:  # before any rank measures anything
+        check_out_file(a.out, label=f"--out {a.out}", what="a hardware profile",
+                       ours=is_profile_file, force=a.force, example="profile.json")
+    except ValueError as e:
+        raise SystemExit(f"{ap.prog}: {e}") from None
     backend = "nccl" if a.device == "cuda" else "gloo"
     if a.device == "cuda":
         local_rank = int(os.environ.get("LOCAL_RANK", 0))

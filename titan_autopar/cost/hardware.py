@@ -15,57 +15,101 @@ sets `compute_efficiency` to 1 and the peaks to the fitted matmul rates of its m
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 GiB = 1024**3
 
 
 @dataclass(frozen=True)
+class Range:
+    """The values a figure may take: from `low` (excluded where `low_open`) to `high`."""
+    low: float = 0.0
+    high: float = math.inf
+    low_open: bool = False
+    whole: bool = False
+
+    def holds(self, v) -> bool:
+        return (math.isfinite(v) and (v > self.low if self.low_open else v >= self.low)
+                and v <= self.high and (not self.whole or float(v).is_integer()))
+
+    def __str__(self) -> str:
+        kind = "a whole number" if self.whole else "a number"
+        text = f"{kind} {'>' if self.low_open else '>='} {self.low:g}"
+        return text + (f" and <= {self.high:g}" if math.isfinite(self.high) else "")
+
+
+ABOVE_0 = Range(low_open=True)
+AT_LEAST_0 = Range()
+
+
+def _figure(default=MISSING, within: Range = AT_LEAST_0):
+    """A figure's field, its range beside it (`Hardware.problem` reads it)."""
+    return field(default=default, metadata={"range": within})
+
+
+@dataclass(frozen=True)
 class Hardware:
     name: str
-    peak_bf16_flops: float  # dense tensor-core FLOP/s
-    peak_fp32_flops: float
-    hbm_bandwidth: float  # bytes/s
-    hbm_bytes: float  # capacity per GPU
-    gpus_per_node: int
-    intra_node_bandwidth: float  # bytes/s per GPU as a collective sees it (NVLink bus bandwidth)
-    inter_node_bandwidth: float  # bytes/s per GPU (one NIC per GPU)
-    intra_node_latency: float  # seconds per collective step
-    inter_node_latency: float
-    compute_efficiency: float = 0.7  # fraction of peak a large matmul reaches
-    launch_overhead: float = 5e-6  # seconds per kernel that does work
-    overlap_efficiency: float = 0.9  # fraction of compute time parameter collectives can hide behind
-    attention_flops: float = 0.0  # measured attention FLOP/s (0: priced as a matmul)
+    peak_bf16_flops: float = _figure(within=ABOVE_0)  # dense tensor-core FLOP/s
+    peak_fp32_flops: float = _figure(within=ABOVE_0)
+    hbm_bandwidth: float = _figure(within=ABOVE_0)  # bytes/s
+    hbm_bytes: float = _figure(within=ABOVE_0)  # capacity per GPU
+    gpus_per_node: int = _figure(within=Range(1, whole=True))
+    # bytes/s per GPU as a collective sees it (NVLink bus bandwidth)
+    intra_node_bandwidth: float = _figure(within=ABOVE_0)
+    inter_node_bandwidth: float = _figure(within=ABOVE_0)  # bytes/s per GPU (one NIC per GPU)
+    intra_node_latency: float = _figure()  # seconds per collective step
+    inter_node_latency: float = _figure()
+    # fraction of peak a large matmul reaches
+    compute_efficiency: float = _figure(0.7, Range(0, 1, low_open=True))
+    launch_overhead: float = _figure(5e-6)  # seconds per kernel that does work
+    # fraction of compute time parameter collectives can hide behind
+    overlap_efficiency: float = _figure(0.9, Range(0, 1))
+    attention_flops: float = _figure(0.0)  # measured attention FLOP/s (0: priced as a matmul)
     # a whole transformer layer's measured time over the sum of its ops' prices (cost/layer_check.py):
     # multiplies every op's price; 1 (the presets): not measured
-    compute_scale: float = 1.0
+    compute_scale: float = _figure(1.0, ABOVE_0)
     # measured seconds per attention call (forward and backward together) beyond its FLOPs at
     # attention_flops: the fit's intercept, shared 1 : 2.5 between forward and backward
-    attention_floor: float = 0.0
+    attention_floor: float = _figure(0.0)
     # seconds per element of the model's output of the trainer's loss (cross-entropy, forward and
     # backward), as measured; 0 (the GPU presets): not priced
-    loss_time_per_element: float = 0.0
+    loss_time_per_element: float = _figure(0.0)
     # seconds per parameter element of one rank's optimizer step (AdamW, foreach) and gradient
     # clipping, as measured; 0 (the GPU presets): not priced
-    optimizer_time_per_element: float = 0.0
-    optimizer_time_per_tensor: float = 0.0  # seconds per parameter tensor of the same step
+    optimizer_time_per_element: float = _figure(0.0)
+    optimizer_time_per_tensor: float = _figure(0.0)  # seconds per parameter tensor of the same step
     # seconds each collective call costs inside a training step beyond its clean measured time
     # (ranks arriving apart, compute and communication sharing cores: `cost/calibrate_step.py`);
     # priced as part of a collective's latency; 0 (the GPU presets): not priced
-    collective_step_overhead: float = 0.0
+    collective_step_overhead: float = _figure(0.0)
     # seconds per FSDP2 parameter group per step of TorchTitan's recipes' runtime (hooks, copies
     # into and out of the gathered buffers), beyond compute and collectives: measured; prices the
     # recipes only (auto's plans run their own program); 0 (the GPU presets): not priced
-    fsdp_group_overhead: float = 0.0
+    fsdp_group_overhead: float = _figure(0.0)
     # seconds per tensor-parallel linear per step of DTensor's runtime under TorchTitan's TP plans
     # (forward and backward), beyond compute and collectives: measured; prices the fsdp_tp recipe
     # only, once per matrix of the model; 0 (the GPU presets): not priced
-    tp_linear_overhead: float = 0.0
+    tp_linear_overhead: float = _figure(0.0)
     # measured collective curves: (kind, group size, latency s, seconds per byte of the tensor
     # as the collective sees it); a (kind, size) pair listed here replaces the formula
     collective_fits: tuple = ()
     profile: str = ""  # the profile file this came from and its machine's fingerprint
+
+    @staticmethod
+    def problem(name: str, value) -> str | None:
+        """None when `value` is in figure `name`'s range, else "must be <range>, found <value>"."""
+        within = next(f.metadata["range"] for f in fields(Hardware) if f.name == name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not within.holds(value):
+            return f"must be {within}, found {value!r}"
+        return None
+
+    @staticmethod
+    def figures() -> tuple[str, ...]:
+        """The fields that carry a range: every number of the cost model."""
+        return tuple(f.name for f in fields(Hardware) if "range" in f.metadata)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -163,9 +207,19 @@ def is_profile_path(hw) -> bool:
     return s.endswith(".json") or "/" in s or os.sep in s
 
 
+def check_figures(hw: Hardware) -> Hardware:
+    """`hw` if every figure is in its range, else a ValueError naming the first that is not."""
+    for name in Hardware.figures():
+        problem = Hardware.problem(name, getattr(hw, name))
+        if problem:
+            raise ValueError(f"hardware {hw.name!r}: {name} {problem}: give every figure in its "
+                             "range (see titan_autopar.cost.hardware.Hardware)")
+    return hw
+
+
 def get_hardware(hw: str | Hardware) -> Hardware:
     if isinstance(hw, Hardware):
-        return hw
+        return check_figures(hw)
     if is_profile_path(hw):
         from titan_autopar.cost.profile import hardware_from_profile
 

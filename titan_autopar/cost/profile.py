@@ -13,10 +13,11 @@ wherever a hardware preset name is accepted (`--hardware PATH`, `[auto_parallel]
     measurements  the raw points behind each fitted figure (matmul, attention, memory,
                   launch, collectives, overlap, shared links), for a person to check the fits
 
-`load_profile` checks the file field by field and says which field is wrong and how to make a
-new one; `machine_fingerprint` names the machine a job runs on, so a job refuses a profile
-measured elsewhere (a stale profile) instead of pricing the wrong machine. Figures are rounded
-to two significant digits when written, so two calibrations of one machine usually give the same
+`hardware_from_profile` checks the file field by field (each figure against the range stated
+beside its field of `Hardware`) and says which field is wrong and how to make a new one;
+`machine_description` names the machine a job runs on, so a job refuses a profile measured
+elsewhere (a stale profile) instead of pricing the wrong machine. Figures are rounded to two
+significant digits when written, so two calibrations of one machine usually give the same
 profile, and then the same plan.
 """
 
@@ -30,8 +31,9 @@ import platform
 from dataclasses import fields
 from pathlib import Path
 
+from titan_autopar import strict_json
 from titan_autopar.cost.hardware import Hardware
-from titan_autopar.files import write_atomic
+from titan_autopar.files import read_capped, write_atomic
 
 FORMAT, VERSION = "titan_autopar.hardware_profile", 1
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
@@ -96,22 +98,40 @@ def write_profile(path, name: str, measured_on: dict, hardware: Hardware, measur
     return write_atomic(path, json.dumps(doc, indent=1) + "\n")
 
 
+def _suggest(path) -> str:
+    """A profile file name to write for `path`: a file in it where `path` is a folder."""
+    try:
+        return str(Path(path) / "profile.json") if Path(path).is_dir() else str(path)
+    except (OSError, ValueError):
+        return "profile.json"
+
+
+def is_profile_file(path) -> bool:
+    """True if `path` holds a hardware profile this version loads (every field checks)."""
+    try:
+        hardware_from_profile(path)
+        return True
+    except ProfileError:
+        return False
+
+
 def _fail(path, field: str, why: str, fix: str = "") -> None:
-    fix = fix or ("make a new one with `titan-autopar calibrate --out " + str(path) + "`")
+    fix = fix or ("make a new one with `titan-autopar calibrate --out " + _suggest(path) + "`")
     raise ProfileError(f"hardware profile {path}: {field} {why}; {fix}")
 
 
 def read_profile(path) -> dict:
     """The profile's JSON, checked; raises ProfileError naming the field."""
-    p = Path(path)
-    if not p.is_file():
-        raise ProfileError(f"hardware profile {path} does not exist: give a preset name "
-                           f"(h100, h200, a100, b200, cpu) or a file written by "
-                           f"`titan-autopar calibrate --out {path}`")
+    raw = read_capped(path, name=f"hardware profile {path}", what="a hardware profile",
+                      error=ProfileError, fix="give a preset name (h100, h200, a100, b200, cpu) "
+                      f"or a file written by `titan-autopar calibrate --out {_suggest(path)}`")
     try:
-        doc = json.loads(p.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        _fail(path, "the file", f"is not JSON ({e})")
+        doc = strict_json.loads(raw, "hardware profile")
+    except strict_json.JsonProblem as e:
+        if e.where:
+            _fail(path, e.where, f"holds {e.what}")
+        _fail(path, "the file", f"is {e.what}" if e.what.startswith("not ") else
+              f"is not a profile: {e.what}")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         _fail(path, "format", f"is {doc.get('format') if isinstance(doc, dict) else doc!r:.60}, "
               f"not {FORMAT!r}: this is not a hardware profile")
@@ -144,18 +164,15 @@ def hardware_from_profile(path) -> Hardware:
         if k == "collective_fits":
             kwargs[k] = _fits(path, v)
             continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            _fail(path, f"hardware.{k}", f"must be a number >= 0, found {v!r}")
+        problem = Hardware.problem(k, v)  # each figure's range, stated beside its field
+        if problem:
+            _fail(path, f"hardware.{k}", problem)
         kwargs[k] = int(v) if k == "gpus_per_node" else float(v)
     for k in ("peak_bf16_flops", "peak_fp32_flops", "hbm_bandwidth", "hbm_bytes", "gpus_per_node",
               "intra_node_bandwidth", "inter_node_bandwidth", "intra_node_latency",
               "inter_node_latency"):
         if k not in kwargs:
             _fail(path, f"hardware.{k}", "is missing")
-    for k in ("peak_bf16_flops", "peak_fp32_flops", "hbm_bandwidth", "hbm_bytes",
-              "intra_node_bandwidth", "inter_node_bandwidth", "gpus_per_node"):
-        if kwargs[k] <= 0:
-            _fail(path, f"hardware.{k}", "must be more than 0")
     fp = doc["measured_on"]["fingerprint"]
     return Hardware(name=doc["name"], profile=f"{Path(path).name}#{fp}", **kwargs)
 
@@ -193,12 +210,36 @@ def check_machine(path, here: dict) -> None:
 
 
 def cache_dir() -> Path:
-    """Where `hardware = "calibrate"` keeps profiles, one per machine fingerprint."""
+    """Where `hardware = "calibrate"` keeps profiles, one per machine fingerprint; a
+    TITAN_AUTOPAR_CACHE that is not a folder is refused, naming it."""
     env = os.environ.get("TITAN_AUTOPAR_CACHE")
     if env:
+        if Path(env).exists() and not Path(env).is_dir():
+            raise ProfileError(f"TITAN_AUTOPAR_CACHE={env} is a file, not a folder: "
+                               "hardware = \"calibrate\" keeps its profiles in that folder; "
+                               "point TITAN_AUTOPAR_CACHE at a folder, or unset it")
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "titan_autopar"
+
+
+def cache_write_problem(path: Path) -> str | None:
+    """None when the profile `path` (under `cache_dir()`) can be written, else why not: checked
+    before measuring, so a calibration is never lost to a cache it cannot be kept in."""
+    import tempfile
+
+    folder = next((p for p in path.parents if p.exists()), None)
+    try:
+        if folder is None or not folder.is_dir():
+            raise NotADirectoryError(f"{folder} is not a folder")
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".titan_autopar_probe.")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        return (f"the profile cache {path.parent} cannot be written ({e.strerror or e}): set "
+                "TITAN_AUTOPAR_CACHE to a folder you can write, or give a profile file or a "
+                "preset as [auto_parallel] hardware")
+    return None
 
 
 # what `cost/calibrate.py` measures, counted: a cached profile from a calibration that measured

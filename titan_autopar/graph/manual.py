@@ -68,6 +68,7 @@ class Resolved:
     n_out: int
     ep_dim: int | None = None  # the mesh dim of the style's all-to-alls
     extra: dict = field(default_factory=dict)
+    mesh: tuple[tuple[str, int], ...] = ()  # (dim name, size) of the mesh it was resolved on
 
     def param_use(self, name: str) -> tuple[Placement, ...]:
         """How the region receives parameter `name`: its declared placement, Replicate where the
@@ -109,13 +110,62 @@ def manual(module: nn.Module, *, in_placements, out_placements,
         raise ManualRegionError("manual() needs in_placements and out_placements: one entry per "
                                 "tensor input and output of the module's forward")
     params = dict(param_placements or {})
-    own = {n for n, _ in module.named_parameters()}
-    unknown = sorted(set(params) - own)
+    own = dict(module.named_parameters())
+    unknown = sorted(set(params) - set(own))
     if unknown:
         raise ManualRegionError(f"param_placements names {unknown}, which {type(module).__name__} "
                                 f"does not have; its parameters are {sorted(own)[:6]}")
+    where = f"manual({type(module).__name__})"
+    for what, given in (("in_placements", ins), ("out_placements", outs)):
+        for i, value in enumerate(given):
+            for label, p in _entries(value):
+                if isinstance(p, Shard) and p.dim < 0:
+                    raise ManualRegionError(
+                        f"{where}: {what}[{i}] puts Shard({p.dim}) on {label}: count the tensor "
+                        "dim from the front, Shard(d) with d >= 0 (the last dim of a 3-d tensor "
+                        "is Shard(2)); a plan records each placement by that dim")
+    params = {n: _stored(v, own[n], f"{where}: param_placements[{n!r}]", n)
+              for n, v in params.items()}
     setattr(module, MARK, ManualSpec(ins, outs, tuple(params.items()), "user"))
     return module
+
+
+def _entries(value) -> list[tuple[str, object]]:
+    """(label, placement) of one declaration entry given as a dict by dim name or a tuple."""
+    if isinstance(value, dict):
+        return [(repr(k), p) for k, p in value.items()]
+    if isinstance(value, (list, tuple)):
+        return [(f"mesh dim {m}", p) for m, p in enumerate(value)]
+    return []  # resolve() says what an entry must be
+
+
+def _stored(value, param, what: str, name: str):
+    """A parameter's declared placements with Shard(-k) as Shard(ndim - k); refused where the
+    parameter cannot be stored so: a dim it does not have, a dim of size 1, a partial sum."""
+    shape = tuple(param.shape)
+
+    def one(label, p):
+        if isinstance(p, Partial):
+            raise ManualRegionError(f"{what} puts Partial() on {label}: a parameter is stored "
+                                    "Replicate() or Shard(d), not as a partial sum")
+        if not isinstance(p, Shard):
+            return p
+        d = p.dim + len(shape) if p.dim < 0 else p.dim
+        if not 0 <= d < len(shape):
+            raise ManualRegionError(
+                f"{what} puts Shard({p.dim}) on {label}, but {name} has {len(shape)} dims "
+                f"(shape {shape}): use a dim from 0 to {len(shape) - 1}" if shape else
+                f"{what} puts Shard({p.dim}) on {label}, but {name} is a scalar: use Replicate()")
+        if shape[d] == 1:
+            raise ManualRegionError(f"{what} puts Shard({p.dim}) on {label}, but dim {d} of {name} "
+                                    f"(shape {shape}) has size 1: use Replicate() there")
+        return Shard(d) if d != p.dim else p
+
+    if isinstance(value, dict):
+        return {k: one(repr(k), p) for k, p in value.items()}
+    if isinstance(value, (list, tuple)):
+        return tuple(one(f"mesh dim {m}", p) for m, p in enumerate(value))
+    return value  # resolve() says what an entry must be
 
 
 def mark_style(module: nn.Module, style: str) -> nn.Module:
@@ -230,7 +280,7 @@ def resolve(qname: str, module: nn.Module, spec: ManualSpec, names: tuple[str, .
                       if n in given else (Replicate(),) * len(names)) for n in pnames}
         elements = sum(p.numel() for p in module.parameters())
         return Resolved(qname, "user", ins, outs, params, len(outs),
-                        extra={"param_elements": elements})
+                        extra={"param_elements": elements}, mesh=tuple(zip(names, sizes)))
     facts = moe_facts(module)
     # tokens: split on ep (its all-to-all needs each rank's own); elsewhere the planner's choice
     batch = tuple(Shard(0) if n == "ep" else None for n in names)
@@ -244,12 +294,13 @@ def resolve(qname: str, module: nn.Module, spec: ManualSpec, names: tuple[str, .
         if facts["experts"] % sizes[ep_dim]:
             raise ManualRegionError(
                 f"expert_parallel_degree = {sizes[ep_dim]} does not divide the "
-                f"{facts['experts']} experts of {qname}: choose an ep degree that divides "
-                f"{facts['experts']}")
+                f"{facts['experts']} experts of {qname} (the mesh's ep dim has {sizes[ep_dim]} "
+                f"ranks): choose an ep degree that divides {facts['experts']}")
         for n in pnames:
             if n in EXPERT_WEIGHTS:
                 params[n] = tuple(Shard(0) if m == ep_dim else None for m in range(len(names)))
-    return Resolved(qname, spec.style, [batch], [batch], params, 1, ep_dim, {"moe": facts})
+    return Resolved(qname, spec.style, [batch], [batch], params, 1, ep_dim, {"moe": facts},
+                    tuple(zip(names, sizes)))
 
 
 def resolve_all(model: nn.Module, names: tuple[str, ...],

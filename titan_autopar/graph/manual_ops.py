@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from titan_autopar.graph.manual_checks import check_call
+
 NAMESPACE = "titan_autopar"
 
 
@@ -104,7 +106,9 @@ def region_name(node) -> str:
     return node.args[2] if node.target is FORWARD else node.args[3]
 
 
-def _as_op(module: nn.Module, qname: str, n_out: int):
+def _as_op(module: nn.Module, qname: str, r):
+    n_out = r.n_out
+
     def forward(*args: Any, **kwargs: Any):
         if kwargs or not args or not all(isinstance(a, torch.Tensor) for a in args):
             raise TypeError(
@@ -112,7 +116,9 @@ def _as_op(module: nn.Module, qname: str, n_out: int):
                 f"{len(args)} positional and {sorted(kwargs)} keyword arguments; a manual "
                 "region takes tensors as positional arguments only")
         # parameters are read at call time: functional_call swaps them in
-        params = [p for _, p in module.named_parameters()]
+        named = dict(module.named_parameters())
+        check_call(r, module, args, named)
+        params = list(named.values())
         shapes = [args[min(j, len(args) - 1)].shape for j in range(n_out)]
         sizes, ranks = flat_sizes(shapes)
         outs = torch.ops.titan_autopar.manual_forward(list(args), params, qname, sizes, ranks)
@@ -133,7 +139,7 @@ def regions_as_ops(model: nn.Module, resolved: dict) -> Iterator[list[str]]:
         for qname, r in resolved.items():
             block = model.get_submodule(qname)
             saved.append((block, block.__dict__.get("forward", _MISSING)))
-            block.forward = _as_op(block, qname, r.n_out)
+            block.forward = _as_op(block, qname, r)
         yield list(resolved)
     finally:
         for block, prev in reversed(saved):

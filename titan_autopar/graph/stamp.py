@@ -44,6 +44,7 @@ from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_modu
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from titan_autopar.graph.attention import flex_as_ops, flex_kwargs
+from titan_autopar.graph.manual import ManualRegionError
 from titan_autopar.graph.manual_ops import regions_as_ops
 from titan_autopar.graph.trace import (BlockTrace, JointGraph, _block_containers, _cast,
                                        differentiable_inputs, joint_graph_of, trace_joint)
@@ -250,7 +251,7 @@ def forward_record(model: torch.nn.Module, inputs, param_dtype, manual: dict, pa
         kwargs = flex_kwargs(model)
         with regions_as_ops(model, manual), flex_as_ops(model), torch.no_grad(), rec:
             torch.func.functional_call(model, state, meta_inputs, kwargs)
-    except Unstampable:
+    except (Unstampable, ManualRegionError):  # a region its tensors cannot take: says which
         raise
     except Exception as e:  # data-dependent code, or an op meta tensors cannot run
         raise Unstampable(f"its forward does not run on meta tensors ({type(e).__name__})")

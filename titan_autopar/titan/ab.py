@@ -9,8 +9,11 @@ over the recipe is the median of the ratio within a round (`over_rounds`, `auto_
 so a shared machine's slow spell does not decide the A/B. It reads rank 0's per-step figures
 from TorchTitan's log (loss, tokens/s, peak memory), sets them side by side with the plan's
 predictions, and writes `ab.json` and `ab.png` (loss curves and throughput) into the output
-folder, which each A/B starts empty (`fresh_folder`). The twin may be any TorchTitan config,
-with or without this package's config module. When an arm fails, the error is what its failing
+folder, which each A/B starts empty (`fresh_folder`): it clears an earlier A/B's results there,
+known by their layout (`foreign_in_ab_folder`), and refuses a folder that holds anything else
+unless forced. The twin may be any TorchTitan config of the same model (`SEED_KEYS`, compared
+before anything runs), with or without this package's config module. When an arm fails, the
+error is what its failing
 rank printed.
 
 Each arm's predicted step time sits beside its measured one: auto's from its plan, the twin's
@@ -29,15 +32,22 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import statistics
 from pathlib import Path
 
-from titan_autopar.plan import Plan
-from titan_autopar.titan.config_check import read_toml
+from titan_autopar import strict_json
+from titan_autopar.cost.profile import is_profile_file
+from titan_autopar.files import (FileRefused, check_out_folder, clear_folder, read_capped,
+                                 write_atomic)
+from titan_autopar.pictures import png_titled, save_png
+from titan_autopar.plan import Plan, is_plan_file
+from titan_autopar.titan.config_keys import SWITCH_MODULE
+from titan_autopar.titan.job_parse import check_job_file
 from titan_autopar.titan.launch import failed_rank_lines, launch
 
-SWITCH_MODULE = "titan_autopar.titan.job_config"
+# what the twin must share with the config to load its seed checkpoint: the same parameters
+# (model, flavor, converters that swap modules) in the same dtype
+SEED_KEYS = (("model", "name"), ("model", "flavor"), ("model", "converters"), ("training", "dtype"))
 
 _STEP = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+).*?memory:\s*([\d.]+)GiB.*?tps:\s*([\d,]+)")
 _RANK0 = re.compile(r"^(?:\[rank0\]:)?(?!\[rank[1-9])")
@@ -95,8 +105,22 @@ def _has_switch(cfg: dict) -> bool:
     return cfg.get("job", {}).get("custom_config_module") == SWITCH_MODULE
 
 
+def seed_mismatch(cfg: dict, twin_cfg: dict) -> str | None:
+    """None when the twin can start from the config's seed checkpoint, else the first
+    `[section] key` whose values differ, both named (TorchTitan's defaults where a file is
+    silent)."""
+    from torchtitan.config import job_config as tt
+
+    defaults = {"model": tt.Model(), "training": tt.Training()}
+    for section, key in SEED_KEYS:
+        mine, theirs = (c.get(section, {}).get(key, getattr(defaults[section], key))
+                        for c in (cfg, twin_cfg))
+        if mine != theirs:
+            return f"[{section}] {key} = {theirs!r} where --config has {mine!r}"
+    return None
+
+
 ARM_FOLDERS = ("seed", "auto", "recipe")
-ARM_FILES = ("ab.json", "ab.png")
 _ROUND = "_round"  # a later round's folder: the arm's name, _round, its number
 _LATER_ROUND = re.compile(rf"^(auto|recipe){_ROUND}\d+$")
 
@@ -150,31 +174,82 @@ def auto_over_recipe(auto: dict, recipe: dict) -> float | None:
     return None if ratio is None else round(ratio, 3)
 
 
-def fresh_folder(out: Path, say=print) -> None:
-    """Each A/B starts from an empty output folder: one left by an earlier A/B (its seed, auto,
-    recipe, ab.json, ab.png and nothing else) is cleared, saying so; a folder holding anything
-    else is refused, so nothing of the user's is deleted."""
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise ValueError(f"--out {out} is a file: give a folder for the A/B's results")
-    entries = list(out.iterdir())
-    if not entries:
-        return
-    foreign = [e.name for e in entries
-               if e.name not in ARM_FOLDERS + ARM_FILES and not _LATER_ROUND.match(e.name)]
-    if foreign:
-        raise ValueError(f"{out} holds files an A/B did not write ({', '.join(sorted(foreign)[:5])}):"
-                         " refusing to clear it. Give another --out, or empty it")
-    for e in entries:
-        shutil.rmtree(e) if e.is_dir() else e.unlink()
-    say(f"[ab] cleared the earlier A/B in {out}: each A/B starts from a fresh seed and empty "
-        "run folders")
+_PLAN_NAME = re.compile(r"^plan(\.pp\d+(-\d+)?)?\.json$")  # save_plan's, one per pp stage
+_STEP = re.compile(r"^step-\d+$")
+_DCP_FILE = re.compile(r"^(\.metadata|__\d+_\d+\.distcp)$")
+_TB_RUN = re.compile(r"^\d{8}-\d{4}$")
+_TB_FILE = re.compile(r"^events\.out\.tfevents\.")
+RESULT_KEYS = ("config", "twin", "ranks", "steps", "device", "rounds", "auto", "recipe",
+               "auto_over_recipe", "predicted", "loss")
+PICTURE_TITLE = "titan-autopar ab"  # in ab.png's Title chunk
+
+
+def _only(folder: Path, entry, file) -> bool:
+    """True if every entry of `folder` is a folder (not a link) named to match `entry` and
+    holding only regular files named to match `file`."""
+    for e in folder.iterdir():
+        if e.is_symlink() or not e.is_dir() or not entry.match(e.name):
+            return False
+        if any(f.is_symlink() or not f.is_file() or not file.match(f.name) for f in e.iterdir()):
+            return False
+    return True
+
+
+def _is_result(path: Path) -> bool:
+    """ab.json as `run_ab` writes it: a JSON object of exactly its keys."""
+    try:
+        d = strict_json.loads(read_capped(path, name=str(path), what="", fix=""))
+    except (FileRefused, strict_json.JsonProblem):
+        return False
+    return isinstance(d, dict) and sorted(d) == sorted(RESULT_KEYS)
+
+
+def _foreign_in_arm(arm: Path) -> list[str]:
+    """What in one run's dump folder TorchTitan's run (checkpoints: step-N folders of DCP
+    files; TensorBoard: dated folders of event files) or save_plan (plans) did not write."""
+    out = []
+    for e in sorted(arm.iterdir()):
+        if e.is_symlink():
+            ok = False
+        elif e.is_dir():
+            ok = _only(e, _STEP, _DCP_FILE) or _only(e, _TB_RUN, _TB_FILE)
+        else:
+            ok = bool(_PLAN_NAME.match(e.name)) and is_plan_file(e)
+        if not ok:
+            out.append(f"{arm.name}/{e.name}")
+    return out
+
+
+def foreign_in_ab_folder(out: Path) -> list[str]:
+    """What in `out` an A/B did not write, relative to `out`. An A/B writes its run folders
+    (seed, auto, recipe, later rounds' auto_round2, ...; each as `_foreign_in_arm` reads it),
+    ab.json, ab.png (titled `PICTURE_TITLE`) and, measuring the ranks, profile.json."""
+    files = {"ab.json": _is_result, "ab.png": lambda p: png_titled(p, PICTURE_TITLE),
+             "profile.json": is_profile_file}
+    found = []
+    for e in sorted(out.iterdir()):
+        n = e.name
+        if (n in ARM_FOLDERS or _LATER_ROUND.match(n)) and e.is_dir() and not e.is_symlink():
+            found += _foreign_in_arm(e)
+        elif n not in files or e.is_symlink() or not e.is_file() or not files[n](e):
+            found.append(n)
+    return found
+
+
+def fresh_folder(out: Path, say=print, force: bool = False) -> None:
+    """Each A/B starts from an empty output folder: one left by an earlier A/B (nothing in it
+    that `foreign_in_ab_folder` finds) is cleared, saying so; a folder holding anything else is
+    refused (unless `force`), so nothing of the user's is deleted."""
+    check_out_folder(out, label=f"--out {out}", what="an A/B", foreign=foreign_in_ab_folder,
+                     force=force)
+    if clear_folder(out):
+        say(f"[ab] cleared the earlier A/B in {out}: each A/B starts from a fresh seed and empty "
+            "run folders")
 
 
 def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
            cwd=None, say=print, device: str = "cpu", measure_now: bool = True,
-           rounds: int = 1) -> dict:
+           rounds: int = 1, force: bool = False) -> dict:
     """Seed, auto arm, recipe arm, then the summary (see the module docstring). Every argument
     is checked before anything runs."""
     if device not in ("cpu", "cuda"):
@@ -193,18 +268,25 @@ def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
         raise ValueError(f"--rounds {rounds}: give how many times to run each arm, at least 1")
     config = Path(config)
     base = Path(cwd or ".")
-    cfg = read_toml(base / config)
+    cfg = check_job_file(base / config)
     if not _has_switch(cfg):
         raise ValueError(f"{config} has no [job] custom_config_module = \"{SWITCH_MODULE}\": "
                          "--config must be a job with the auto switch (see docs/user_guide.md); "
                          "the recipe goes in --twin")
-    twin_args = ["--parallelism.no-auto"]
+    twin_args, twin_cfg = ["--parallelism.no-auto"], cfg
     if twin is not None:
+        twin_cfg = check_job_file(base / twin)
+        differs = seed_mismatch(cfg, twin_cfg)
+        if differs:
+            raise ValueError(f"--twin {twin}: {differs}; both arms start from one seed checkpoint "
+                             f"of {config}'s model, so the twin must train the same model "
+                             f"({', '.join(f'[{s}] {k}' for s, k in SEED_KEYS)}): give the "
+                             "expert-recipe config of that model")
         # a twin may be any TorchTitan config; only one that names this package's config
         # module knows [parallelism] auto, and is held to its recipe with it
-        twin_args = ["--parallelism.no-auto"] if _has_switch(read_toml(base / twin)) else []
+        twin_args = ["--parallelism.no-auto"] if _has_switch(twin_cfg) else []
     out = Path(out_dir or Path("out") / "ab" / config.stem).resolve()
-    fresh_folder(out, say)
+    fresh_folder(out, say, force)
     auto_extra = ["--parallelism.auto", "--auto_parallel.save_plan", "plan.json"]
     if measure_now and cfg.get("auto_parallel", {}).get("hardware") == "calibrate":
         auto_extra += ["--auto_parallel.hardware", str(_measure(out, nproc, device, cwd, say))]
@@ -239,8 +321,7 @@ def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
                                    + "\n".join(run.stdout.splitlines()[-15:]))
             figures[name].append(fig)
     tokens = _tokens_per_step(cfg)
-    twin_cfg = read_toml(base / twin) if twin else cfg
-    plan = json.loads((out / "auto" / "plan.json").read_text())
+    plan = Plan.load(out / "auto" / "plan.json").data
     recipe = twin_recipe(twin_cfg)
     auto_s = over_rounds([_summary(f, tokens, _model_parallel(cfg)) for f in figures["auto"]])
     rec_s = over_rounds([_summary(f, _tokens_per_step(twin_cfg), _model_parallel(twin_cfg))
@@ -271,8 +352,7 @@ def run_ab(config, *, nproc: int = 4, steps: int = 20, out_dir=None, twin=None,
         "loss": {name: {s: f["loss"] for s, f in sorted(figs[0].items())}
                  for name, figs in figures.items()},
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "ab.json").write_text(json.dumps(result, indent=1))
+    write_atomic(out / "ab.json", json.dumps(result, indent=1))
     _plot(result, {name: figs[0] for name, figs in figures.items()}, out / "ab.png")
     return result
 
@@ -332,8 +412,10 @@ def _plot(result: dict, figures: dict, path: Path) -> None:
     c.legend(loc="upper right")
     fig.suptitle(f"{result['config']}: auto vs recipe, {result['ranks']} ranks")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        save_png(fig, path, PICTURE_TITLE)
+    finally:
+        plt.close(fig)
 
 
 def table(result: dict) -> str:

@@ -4,8 +4,9 @@ TorchTitan 0.2.2 hands TOML values to its config dataclasses unchecked: `auto = 
 non-empty string, so true) would turn the planner on, and `local_batch_size = "two"` fails deep
 inside the trainer. This module owns `read_toml` (a TOML file, with errors that name the file
 and line) and the checks: `check_section` takes one section's values against the dataclass that
-declares them, `check_job_config` walks a whole parsed JobConfig. Each raises `ConfigError`
-naming `[section] key`, the value found and what is wanted.
+declares them, `check_job_config` walks a whole parsed JobConfig and then checks its values'
+ranges (`titan/config_values.py`). Each raises `ConfigError` naming `[section] key`, the value
+found and what is wanted.
 """
 
 from __future__ import annotations
@@ -91,9 +92,15 @@ def check_section(section: str, values: dict, cls, source: str = "the config") -
 
 
 def check_job_config(job_config, source: str = "the config") -> None:
-    """Every section of a parsed TorchTitan JobConfig (merged with this package's sections)."""
+    """Every section of a parsed TorchTitan JobConfig (merged with this package's sections):
+    each value's type, then its range (`config_values.check_values`, as `plan --config`)."""
+    from titan_autopar.titan.config_values import check_values
+
+    sections = {}
     for f in dataclasses.fields(job_config):
         section = getattr(job_config, f.name)
         if dataclasses.is_dataclass(section):
             values = {g.name: getattr(section, g.name) for g in dataclasses.fields(section)}
             check_section(f.name, values, type(section), source)
+            sections[f.name] = values
+    check_values(sections, source)

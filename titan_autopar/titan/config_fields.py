@@ -26,7 +26,10 @@ class AutoParallel:
     save_plan: str = ""
     """Write the plan (JSON) here; a relative path is under the job's dump folder. A job that
     restarts (e.g. to resume from a checkpoint) finds it there and replays it when it was made
-    for the same model, batch, mesh and settings, instead of solving again."""
+    for the same model, batch, mesh and settings, instead of solving again. A file there that
+    is not a plan stops the job before it plans, unless `save_plan_force`."""
+    save_plan_force: bool = False
+    """Let `save_plan` replace a file that is not a plan (never a folder, device or pipe)."""
     search_degrees: bool = False
     """`titan-autopar plan --config` searches this job's degrees (as with --search): it ranks the
     factorizations of its ranks into dp_replicate x dp_shard x tp (x ep) by predicted tokens/s
@@ -44,7 +47,8 @@ class AutoParallel:
     (always ring attention on sequence shards, as TorchTitan's CP recipe). Sequence shards are
     contiguous under auto: context_parallel_load_balancer is set to None."""
     solver: str = "highs"
-    """highs (default, in this process) or cbc (a subprocess)."""
+    """highs (default, in this process), cbc (a subprocess) or joint (one exact program over
+    every mesh dim: a check on the default descent, for small problems only)."""
     time_limit_s: float = 0.0
     """Wall-clock guard per integer program in seconds; 0 means the planner's default (600).
     Programs stop by counted limits (gap, nodes), so plans do not depend on the machine's load;

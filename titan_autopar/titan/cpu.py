@@ -240,19 +240,12 @@ def main() -> None:
     code 2, not a traceback; TITAN_AUTOPAR_TRACEBACK=1 shows the traceback too. A rank whose
     training finished leaves through `_leave`."""
     apply_cpu_patches()
-    from torchtitan.config import ConfigManager
-
-    from titan_autopar.titan.config_check import check_job_config, read_toml
     from titan_autopar.titan.data import prepare_job_assets, register_dataset
+    from titan_autopar.titan.job_parse import parse_job
 
     try:
-        args = sys.argv[1:]
-        for i, a in enumerate(args):  # the file first, so that a TOML error names it
-            if a.split("=")[0] in ("--job.config_file", "--job.config-file"):
-                read_toml(a.split("=", 1)[1] if "=" in a else args[i + 1])
         register_dataset()
-        config = ConfigManager().parse_args(sys.argv[1:])
-        check_job_config(config, config.job.config_file or "the config")
+        config = parse_job(sys.argv[1:])  # the file's keys, TorchTitan's parse, every value
         prepare_job_assets(config)
         import torchtitan.train
 

@@ -1,9 +1,11 @@
 """A job whose parallelism degrees do not fit its ranks stops with what to change.
 
 TorchTitan 0.2.2 checks `dp_replicate * dp_shard * cp * tp * pp == world size` with a bare
-assert deep in its trainer. `install_degree_check()` (called when the config module is imported,
-so for every job that names `titan_autopar.titan.job_config`) runs our check first and raises
-`DegreeError`, one paragraph naming each degree, the rank count and the values that would fit;
+assert deep in its trainer, and a degree of 0 with a bare assert. `install_degree_check()`
+(called when the config module is imported, so for every job that names
+`titan_autopar.titan.job_config`) runs our check first and raises `DegreeError`: a degree that
+no job can have, as `plan --config` words it (`config_values.degree_value_problem`), or one
+paragraph naming each degree, the rank count and the values that would fit;
 TorchTitan's own validation then runs unchanged.
 """
 
@@ -19,6 +21,15 @@ class DegreeError(ValueError):
 def degree_problem(world: int, dp_replicate: int, dp_shard: int, cp: int, tp: int,
                    pp: int, ep: int = 1, etp: int = 1) -> str | None:
     """None when the degrees fit `world` ranks, else the paragraph to show."""
+    from titan_autopar.titan.config_values import degree_value_problem
+
+    given = {"data_parallel_replicate": dp_replicate, "data_parallel_shard": dp_shard,
+             "context_parallel": cp, "tensor_parallel": tp, "pipeline_parallel": pp,
+             "expert_parallel": ep, "expert_tensor_parallel": etp}
+    for name, value in given.items():  # each degree on its own first: 0 would divide by zero
+        problem = degree_value_problem(f"{name}_degree", value)
+        if problem:
+            return f"[parallelism] {name}_degree = {value}: {problem}"
     others = dp_replicate * cp * tp * pp
     shard = world // others if dp_shard == -1 else dp_shard
     if min(dp_replicate, cp, tp, pp) >= 1 and shard >= 1 and others * shard == world:

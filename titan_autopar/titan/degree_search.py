@@ -27,6 +27,7 @@ import torch
 
 from titan_autopar.solve.search import Candidate, Degrees, ModelShape, candidate_degrees, rank_rows
 from titan_autopar.titan.loop_collectives import trainer_loop_collectives
+from titan_autopar.titan.search_outputs import TABLE_END, TABLE_HEAD
 
 GiB = 1024 ** 3
 KEY = "tokens_per_gpu_s"
@@ -51,8 +52,10 @@ def model_shape(model: torch.nn.Module, args, param_bytes: int = 16) -> ModelSha
 
 
 def search_degrees(job, *, hardware: str, make_mesh: Callable, top: int = 2,
-                   say: Callable[[str], None] = print, solver: str = "highs") -> SearchResult:
-    """Search the degrees of `job` (a `titan/job_file.PlanningJob`) on `hardware`."""
+                   say: Callable[[str], None] = print, solver: str = "highs",
+                   time_limit_s: float | None = None) -> SearchResult:
+    """Search the degrees of `job` (a `titan/job_file.PlanningJob`) on `hardware`; `solver` and
+    `time_limit_s` go to every plan it makes."""
     from titan_autopar import plan_model
     from titan_autopar.cost.hardware import get_hardware
     from titan_autopar.cost.memory import Precision
@@ -77,10 +80,12 @@ def search_degrees(job, *, hardware: str, make_mesh: Callable, top: int = 2,
     shape = model_shape(model, args)
     cands = candidate_degrees(job.world_size, hw.gpus_per_node, shape, budget_gib)
     job_deg = Degrees(*_job_degrees(job))
+    regions_aside = _keep_regions_runnable(cands, job)
     kept = [c for c in cands if not c.reason]
     say(f"[search] {job.world_size} ranks ({hw.gpus_per_node} per node), budget {budget_gib:.3g} "
         f"GiB: {len(cands)} factorizations, {len(kept)} left after the divisibility, node and "
-        "parameter-state bounds")
+        "parameter-state bounds" + (f" and the ep degrees the job's manual regions run with "
+                                    f"({regions_aside} set aside)" if regions_aside else ""))
     if not kept:
         raise ValueError(f"no degrees for {job.world_size} ranks fit: "
                          + "; ".join(f"{c.degrees.label}: {c.reason}" for c in cands[:4]))
@@ -95,7 +100,8 @@ def search_degrees(job, *, hardware: str, make_mesh: Callable, top: int = 2,
                              dtype=torch.long)
         pd = job.param_dtype  # None: the job computes in its parameters' fp32, priced so
         return plan_model(m, mesh, (tokens,), hardware=hardware, memory_budget_gib=job.memory_budget_gib,
-                          solver=solver, activation_checkpointing=job.activation_checkpointing,
+                          solver=solver, time_limit_s=time_limit_s,
+                          activation_checkpointing=job.activation_checkpointing,
                           param_dtype=getattr(torch, pd) if pd else None,
                           precision=None if pd else Precision(exact_floats=True), progress=quiet,
                           effort=effort, trace_cache=cache, cp_attention=job.cp_attention,
@@ -165,6 +171,24 @@ def search_degrees(job, *, hardware: str, make_mesh: Callable, top: int = 2,
     return SearchResult(rows, winner, job_deg, time.perf_counter() - t0, plans)
 
 
+def _keep_regions_runnable(cands: list[Candidate], job) -> int:
+    """Set aside the candidates whose ep degree the job's manual regions cannot run with
+    (`titan/manual_marks.ep_rule`): torchtitan_ep regions need ep > 1, data_parallel ones run
+    no expert parallelism. Returns how many were set aside."""
+    from titan_autopar.titan.manual_marks import ep_rule
+
+    rule = ep_rule(job.manual_modules, job.manual_style)
+    aside = 0
+    for c in cands:
+        if c.reason or rule == "any" or (c.degrees.ep > 1) == (rule == "ep>1"):
+            continue
+        c.reason = ("the job's manual_modules run torchtitan_ep, which needs ep > 1"
+                    if rule == "ep>1" else
+                    "manual_style data_parallel runs no expert parallelism: ep = 1 only")
+        aside += 1
+    return aside
+
+
 def _best_recipe(recipes: dict, budget_gib: float, d: Degrees) -> str:
     """The recipe to set beside a plan: the fastest one that fits the budget (TorchTitan's own
     for these degrees when none does)."""
@@ -188,9 +212,7 @@ def _job_degrees(job) -> tuple[int, int, int, int, int]:
 
 def table(res: SearchResult, hardware: str) -> str:
     """The ranked table: planned rows first, then screened, then those set aside (with why)."""
-    head = ("| degrees | auto step (ms) | recipe step (ms) | tokens/s per GPU | peak GiB | "
-            "stage |\n|---|---|---|---|---|---|")
-    lines = [head]
+    lines = [TABLE_HEAD]
     for c in res.rows:
         r = c.results
         mark = " **(winner)**" if c is res.winner else ""
@@ -215,5 +237,4 @@ def table(res: SearchResult, hardware: str) -> str:
     elif own is res.winner:
         why += (f": the job's own degrees; its {w['recipe']} recipe is predicted at "
                 f"{num(w['recipe_tokens_per_gpu_s'])}")
-    return "\n".join(lines) + "\n\n" + why + (f". Searched in {res.seconds:.0f} s. All figures "
-                                              "are predictions of the cost model.")
+    return "\n".join(lines) + "\n\n" + why + f". Searched in {res.seconds:.0f} s. {TABLE_END}"

@@ -5,8 +5,11 @@
 job on a simulated cluster: model and flavor, sequence length, local batch, the mesh (the same
 dims `auto = true` builds at run time: dp_replicate, dp_shard, ep, tp, degree-1 dims left out), the
 manual regions (`manual_modules`, or with ep > 1 every MoE block) and
-the hardware preset, memory budget, activation checkpointing mode and mixed precision (TorchTitan's
-defaults where a section leaves them out: selective checkpointing, bf16 compute). A config the planner cannot take says what to change.
+the hardware preset, memory budget, solver, activation checkpointing mode and mixed precision
+(TorchTitan's defaults where a section leaves them out: selective checkpointing, bf16 compute).
+The file's keys (`config_keys.py`), types (`config_check.py`) and values (`config_values.py`)
+are checked as a job under the switch checks them; a config the planner cannot take says what
+to change.
 """
 
 from __future__ import annotations
@@ -14,7 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from titan_autopar.limits import MAX_MESH_RANKS
 from titan_autopar.titan.config_check import ConfigError, check_section, read_toml
+from titan_autopar.titan.config_keys import check_keys
+from titan_autopar.titan.config_values import check_values
+from titan_autopar.titan.manual_marks import check_job_regions
 
 
 @dataclass
@@ -35,6 +42,8 @@ class PlanningJob:
     manual_style: str = "torchtitan_ep"
     search_degrees: bool = False
     cp_attention: str = "cheapest"
+    solver: str = "highs"
+    time_limit_s: float | None = None  # None: the planner's default
     log_freq: int = 10  # [metrics] log_freq: the trainer's logging collectives run that often
 
 
@@ -86,15 +95,15 @@ def planning_job(path: str | Path) -> PlanningJob:
     if not path.exists():
         raise ConfigError(f"no config at {path}: give a TorchTitan TOML such as "
                           "train_configs/llama3_8b_64gpu_auto.toml")
-    sections = _checked_sections(read_toml(path), str(path))
+    cfg = read_toml(path)
+    check_keys(cfg, str(path))
+    sections = _checked_sections(cfg, str(path))
+    check_values(sections, str(path))  # the same rules as a job under the switch
     model, training = sections["model"], sections["training"]
     par, ap = sections["parallelism"], sections["auto_parallel"]
     deg = {k: int(par.get(f"{k}_degree", 1)) for k in (
         "data_parallel_replicate", "data_parallel_shard", "tensor_parallel", "pipeline_parallel",
         "context_parallel", "expert_parallel")}
-    for key in ("seq_len", "local_batch_size"):
-        if key in training and training[key] < 1:
-            raise ConfigError(f"{path}: [training] {key} = {training[key]}: it must be at least 1")
     if deg["data_parallel_shard"] < 1:
         raise ValueError(f"{path}: data_parallel_shard_degree = {deg['data_parallel_shard']}; "
                          "planning ahead needs the cluster size: write the degree out (e.g. 64 "
@@ -103,12 +112,17 @@ def planning_job(path: str | Path) -> PlanningJob:
         raise ValueError(f"{path}: pipeline_parallel_degree = {deg['pipeline_parallel']}: "
                          "`plan --config` plans the whole model on one mesh; pipeline stages are "
                          "planned when the job runs. Set it to 1 to plan ahead.")
+    check_job_regions(deg["expert_parallel"], ap.get("manual_modules", ()),
+                      ap.get("manual_style", "torchtitan_ep"), str(path))
     names, sizes = planner_mesh(deg["data_parallel_replicate"], deg["data_parallel_shard"],
                                 deg["tensor_parallel"], deg["expert_parallel"],
                                 deg["context_parallel"])
     world = 1
     for s in sizes:
         world *= s
+    if world > MAX_MESH_RANKS:
+        raise ConfigError(f"{path}: the [parallelism] degrees multiply to {world} ranks; a "
+                          f"simulated cluster holds at most {MAX_MESH_RANKS}: lower them")
     budget = float(ap.get("memory_budget_gib", 0.0)) or None
     return PlanningJob(
         model=model.get("name", "llama3"), flavor=model.get("flavor", "debugmodel"),
@@ -123,5 +137,6 @@ def planning_job(path: str | Path) -> PlanningJob:
         manual_modules=tuple(ap.get("manual_modules", ())),
         manual_style=ap.get("manual_style", "torchtitan_ep"),
         search_degrees=bool(ap.get("search_degrees", False)),
-        cp_attention=ap.get("cp_attention", "cheapest"),
+        cp_attention=ap.get("cp_attention", "cheapest"), solver=ap.get("solver", "highs"),
+        time_limit_s=float(ap.get("time_limit_s", 0.0)) or None,
         log_freq=int(sections["metrics"].get("log_freq", 10)))

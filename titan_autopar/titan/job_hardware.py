@@ -6,7 +6,8 @@ machine the job runs on (`cost/profile.py check_machine`): one measured elsewher
 another number of ranks, is refused with what differs. "calibrate" measures the job's own ranks
 at start (`cost/calibrate.py`, about 35 s on CPU ranks) and keeps the profile in the cache folder
 by machine fingerprint, so the next job on the same machine reads it instead; every rank takes
-part in the measurement, rank 0 writes the file. Either way the plan records which profile
+part in the measurement, rank 0 writes the file. A cache that cannot hold the file (a
+TITAN_AUTOPAR_CACHE that is a file, a folder that cannot be written) is refused before measuring. Either way the plan records which profile
 priced it (`hardware.profile`).
 """
 
@@ -17,7 +18,9 @@ import logging
 import torch.distributed as dist
 
 from titan_autopar.cost.hardware import is_profile_path
-from titan_autopar.cost.profile import cached_profile_path, check_machine, this_machine
+from titan_autopar.cost.profile import (ProfileError, cache_write_problem, cached_profile_path,
+                                        check_machine, is_profile_file, this_machine)
+from titan_autopar.files import check_out_file
 
 CALIBRATE = "calibrate"
 
@@ -39,12 +42,22 @@ def resolve_hardware(job_config, log: logging.Logger | None = None) -> str:
     device = job_device()
     me = this_machine(device)
     if hw != CALIBRATE:
-        check_machine(hw, me)
+        try:
+            check_machine(hw, me)
+        except ProfileError as e:
+            raise ProfileError(f"[auto_parallel] hardware = {hw!r}: {e}") from None
         return hw
-    path = cached_profile_path(me["fingerprint"])
-    have = [path.is_file()]
+    path = cached_profile_path(me["fingerprint"])  # a TITAN_AUTOPAR_CACHE file is refused here
+    # a folder, device or pipe in the cache would be refused after the measuring, not before
+    check_out_file(path, label=f"the profile cache's {path}", what="a hardware profile",
+                   ours=is_profile_file, force=True, example="profile.json")
+    have = [path.is_file(), None]
+    if not have[0] and (not dist.is_initialized() or dist.get_rank() == 0):
+        have[1] = cache_write_problem(path)  # rank 0 writes it: checked before measuring
     if dist.is_initialized():  # rank 0's answer for all, so every rank measures or none does
         dist.broadcast_object_list(have, src=0)
+    if have[1]:
+        raise ProfileError(f"[auto_parallel] hardware = \"calibrate\": {have[1]}")
     if have[0]:
         log.info(f"[titan_autopar] hardware: the profile calibrated on this machine, {path}")
     else:

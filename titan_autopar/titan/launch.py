@@ -46,14 +46,15 @@ def torchrun_command(config: str | os.PathLike, nproc: int, extra_args=(),
 
 
 def calibrate_command(nproc: int, out: str | os.PathLike, device: str = "cpu",
-                      mesh: str = "") -> tuple[list[str], dict]:
+                      mesh: str = "", force: bool = False) -> tuple[list[str], dict]:
     """(command, environment) that measures `nproc` ranks of this machine as the jobs run them
-    (CPU ranks with one thread each) and writes the profile to `out`."""
+    (CPU ranks with one thread each) and writes the profile to `out` (`force`: even over a
+    file that is not a profile)."""
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, got {nproc}")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={nproc}", "-m", "titan_autopar.cost.calibrate", "--out", str(out),
-           "--device", device] + (["--mesh", mesh] if mesh else [])
+           "--device", device] + (["--mesh", mesh] if mesh else []) + (["--force"] if force else [])
     env = dict(os.environ)
     if device == "cpu":
         env.setdefault("OMP_NUM_THREADS", "1")  # as the CPU jobs run: one thread per rank
@@ -67,9 +68,14 @@ def launch(config: str | os.PathLike, nproc: int = 4, extra_args=(), env=None, *
     `.stdout` (stderr merged). `extra_args` are TorchTitan overrides ("--training.steps", "5");
     `env` adds to this process's environment. Past `timeout` seconds the whole run is stopped
     and TimeoutError says so, with the last lines it printed. `on_line(line, popen)` sees each
-    line as it is printed (a fault-injection test kills a rank from there)."""
+    line as it is printed (a fault-injection test kills a rank from there). The config's module,
+sections and keys are checked here first (`job_parse.check_job_file`), so a file TorchTitan
+would refuse on every rank is refused once, in one line."""
     if not Path(cwd or ".", config).is_file():
         raise FileNotFoundError(f"no TorchTitan config at {config} (relative to {cwd or '.'})")
+    from titan_autopar.titan.job_parse import check_job_file
+
+    check_job_file(Path(cwd or ".", config), extra_args)  # before any rank starts
     with tempfile.TemporaryDirectory(prefix="titan_autopar_torchrun_") as log_dir:
         cmd = torchrun_command(config, nproc, extra_args, log_dir=log_dir, device=device)
         one_thread = {"OMP_NUM_THREADS": "1"} if device == "cpu" else {}

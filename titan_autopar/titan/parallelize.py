@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from titan_autopar.titan.job_file import planner_mesh
-from titan_autopar.titan.manual_marks import mark_job_regions
+from titan_autopar.titan.manual_marks import check_job_regions, mark_job_regions
 
 MODELS = ("llama3", "llama4", "deepseek_v3", "qwen3")
 # what each rank logs where the plan runs as the recipe (benchmarks/fidelity.py looks for it)
@@ -252,9 +252,13 @@ def replay_differences(plan, model, tokens, names, sizes, job_config, *,
 def _replayed(path: Path, model, tokens, names, sizes, job_config):
     """The plan file `[auto_parallel] plan_file` names, refused with what differs."""
     from titan_autopar import Plan
-    from titan_autopar.plan import StalePlanError
+    from titan_autopar.plan import PlanError, StalePlanError
 
-    plan = Plan.load(path)
+    try:
+        plan = Plan.load(path)
+    except PlanError as e:
+        raise PlanError(f"[auto_parallel] plan_file = {job_config.auto_parallel.plan_file!r}: "
+                        f"{e}") from None
     diffs = replay_differences(plan, model, tokens, names, sizes, job_config)
     if diffs:
         raise StalePlanError(
@@ -288,6 +292,34 @@ def _saved(path: Path, model, tokens, names, sizes, job_config, log):
     return plan
 
 
+def check_plan_paths(job_config, tag: str, saves: bool) -> None:
+    """Before anything is measured or planned: `plan_file` names a file, and, on the rank that
+    saves the plan (`saves`), `save_plan` can be written and holds nothing but a plan
+    (`files.check_out_file`; `save_plan_force` lets it replace another file)."""
+    from titan_autopar.files import check_out_file
+    from titan_autopar.plan import is_plan_file
+
+    ap = job_config.auto_parallel
+    if ap.plan_file:
+        path = _resolve(with_tag(ap.plan_file, tag), job_config)
+        if path.is_dir():
+            raise AutoConfigError(
+                f"[auto_parallel] plan_file = {ap.plan_file!r}: {path} is a folder, not a plan: "
+                f"give the plan file in it (such as {path / 'plan.json'}), or remove plan_file "
+                "to plan now")
+        if not path.exists():
+            raise AutoConfigError(
+                f"[auto_parallel] plan_file = {ap.plan_file!r}: looked for {path}, which does not "
+                "exist (a relative plan_file is under [job] dump_folder, as save_plan is). Give a "
+                "plan saved by `save_plan` or `titan-autopar plan` (with pp > 1, one per stage: "
+                "<name>.pp<rank>.json), or remove plan_file to plan now")
+    if ap.save_plan and saves:
+        path = _resolve(with_tag(ap.save_plan, tag), job_config)
+        check_out_file(path, label=f"[auto_parallel] save_plan = {ap.save_plan!r} ({path})",
+                       what="a plan", ours=is_plan_file, force=ap.save_plan_force,
+                       force_how="set [auto_parallel] save_plan_force = true")
+
+
 def _plan(model, mesh, tokens, names, job_config, tag):
     from titan_autopar import Plan, plan_model
     from titan_autopar.solve.recipes import default_input_placements
@@ -299,12 +331,6 @@ def _plan(model, mesh, tokens, names, job_config, tag):
     sizes = tuple(mesh.shape)
     if ap.plan_file:
         path = _resolve(with_tag(ap.plan_file, tag), job_config)
-        if not path.is_file():
-            raise AutoConfigError(
-                f"[auto_parallel] plan_file = {ap.plan_file!r}: looked for {path}, which does not "
-                "exist (a relative plan_file is under [job] dump_folder, as save_plan is). Give a "
-                "plan saved by `save_plan` or `titan-autopar plan` (with pp > 1, one per stage: "
-                "<name>.pp<rank>.json), or remove plan_file to plan now")
         log.info(f"[titan_autopar] replaying the plan in {path}")
         return _replayed(path, model, tokens, names, sizes, job_config)
     # the first rank of each stage's mesh plans that stage; every rank takes its stage's plan
@@ -349,18 +375,21 @@ def plan_and_apply(model, parallel_dims, job_config, recipe=None):
     from titan_autopar.titan.predictions import write_predictions
 
     log = _log()
+    ap = job_config.auto_parallel
+    check_job_regions(parallel_dims.ep, ap.manual_modules, ap.manual_style,
+                      job_config.job.config_file or "the config")
+    names, sizes = mesh_dims(parallel_dims)
+    mesh = _mesh(parallel_dims, names, sizes)
+    tag = stage_tag(parallel_dims, job_config)
+    check_plan_paths(job_config, tag, saves=_rank() == _first_rank(mesh))
     resolve_hardware(job_config, log)  # a profile of another machine, or "calibrate"
     get_hardware(job_config.auto_parallel.hardware)  # an unknown preset fails here, clearly
-    names, sizes = mesh_dims(parallel_dims)
     contiguous_sequence_shards(parallel_dims, job_config, log)
-    ap = job_config.auto_parallel
     marked = mark_job_regions(model, parallel_dims.ep, ap.manual_modules, ap.manual_style)
     if marked:
         style = ap.manual_style if ap.manual_modules else "torchtitan_ep"
         more = " ..." if len(marked) > 4 else ""
         log.info(f"[titan_autopar] manual regions ({style}): {', '.join(marked[:4])}{more}")
-    mesh = _mesh(parallel_dims, names, sizes)
-    tag = stage_tag(parallel_dims, job_config)
     inputs = stage_inputs(model, parallel_dims, job_config)
     plan = _plan(model, mesh, inputs, names, job_config, tag)
     if job_config.auto_parallel.save_plan and _rank() == _first_rank(mesh):
