@@ -148,7 +148,8 @@ def run_job(case: str, solver: str) -> dict:
 def work(plan: dict) -> dict:
     """The planner's counted work, from a plan's JSON."""
     sv = plan["solver"]
-    return {"simplex_iterations": sv["simplex_iterations"], "bb_nodes": sv["nodes"]}
+    return {"simplex_iterations": sv["simplex_iterations"], "bb_nodes": sv["nodes"],
+            "mip_programs": sv["mip_programs"]}
 
 
 def run_cli(case: str, solver: str) -> dict:

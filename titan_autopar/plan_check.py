@@ -246,7 +246,7 @@ def check_plan_data(d: dict, source) -> None:
         _num(src, f"solver.{k}", sv.get(k))
     for k in ("programs", "max_variables", "max_constraints"):
         _int(src, f"solver.{k}", sv.get(k))
-    for k in ("simplex_iterations", "nodes"):  # the solver's counted work (absent before it was)
+    for k in ("simplex_iterations", "nodes", "mip_programs"):  # counted work (absent before)
         if k in sv:
             _int(src, f"solver.{k}", sv[k])
 

@@ -39,6 +39,7 @@ class DescentStats:
     gap: float = 0.0
     iterations: int = 0  # simplex iterations, summed over programs: the solver's counted work
     nodes: int = 0  # branch-and-bound nodes, summed
+    mip_programs: int = 0  # programs finished by HiGHS's MIP solver (each costs more work)
     history: list[float] = field(default_factory=list)  # objective (ms) after each accepted solve
 
     def count(self, res) -> None:
@@ -51,6 +52,7 @@ class DescentStats:
         self.gap = max(self.gap, res.gap)
         self.iterations += res.iterations
         self.nodes += res.nodes
+        self.mip_programs += res.mip
         if res.status != "optimal" and self.status != "time_guard":
             self.status = res.status
 

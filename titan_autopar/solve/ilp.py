@@ -98,6 +98,7 @@ class DimSolve:
     solve_seconds: float
     iterations: int = 0  # simplex iterations (the solver's deterministic work)
     nodes: int = 0  # branch-and-bound nodes
+    mip: bool = False  # finished by HiGHS's MIP solver, past `SolveLimits.branch_nodes`
 
 
 def _with(choice: tuple[int, ...], m: int, s: int) -> tuple[int, ...]:
@@ -128,6 +129,18 @@ def _keys_by_value(d: dict) -> dict:
     for k, v in d.items():
         out.setdefault(v, []).append(k)
     return out
+
+
+def _placement_order(pb: Problem):
+    """A sort key over numbered placements: their text, as the programs order their columns."""
+    texts: dict[int, str] = {}
+
+    def key(n: int) -> str:
+        t = texts.get(n)
+        if t is None:
+            t = texts[n] = repr(pb.placements[n])
+        return t
+    return key
 
 
 def _lin(xs, u: int, coeffs: dict[int, float]):
@@ -202,17 +215,18 @@ def solve_candidates(
         mem_terms += terms
         mem_const += k
 
-    # edges
+    # edges, their placements by number (`Problem.placement_id`), ordered as their text
+    order = _placement_order(pb)
     group_param: dict[str, list] = {}
     group_param_const: dict[str, float] = {}
     for ei, e in enumerate(pb.edges):
         p, c = e.src, e.dst
-        src_of = {s: pb.placement(p, ch, e.out) for s, ch in cands[p].items()}
-        dst_of = {s: pb.in_placement(c, ch, e.arg) for s, ch in cands[c].items()}
+        src_of = {s: pb.placement_id(p, ch, e.out) for s, ch in cands[p].items()}
+        dst_of = {s: pb.in_placement_id(c, ch, e.arg) for s, ch in cands[c].items()}
         src_keys = _keys_by_value(src_of)  # placement -> the candidates that give it
         dst_keys = _keys_by_value(dst_of)
-        A = sorted(src_keys, key=repr)
-        B = sorted(dst_keys, key=repr)
+        A = sorted(src_keys, key=order)
+        B = sorted(dst_keys, key=order)
         if e.param_side:
             g = pb.edge_group(e)
             sink = group_param.setdefault(g, [])
@@ -221,14 +235,14 @@ def solve_candidates(
         added_const = 0.0
         if len(A) == 1 or len(B) == 1:
             if len(A) == 1 and len(B) == 1:
-                added_const = pb.edge_price(ei, A[0], B[0]) * ms
+                added_const = pb.edge_price_of(ei, A[0], B[0]) * ms
             elif len(A) == 1:
-                coeffs = {s: pb.edge_price(ei, A[0], b) * ms for s, b in dst_of.items()}
+                coeffs = {s: pb.edge_price_of(ei, A[0], b) * ms for s, b in dst_of.items()}
                 terms, k = _lin(xs, c, coeffs)
                 sink += terms
                 added_const = k
             else:
-                coeffs = {s: pb.edge_price(ei, a, B[0]) * ms for s, a in src_of.items()}
+                coeffs = {s: pb.edge_price_of(ei, a, B[0]) * ms for s, a in src_of.items()}
                 terms, k = _lin(xs, p, coeffs)
                 sink += terms
                 added_const = k
@@ -238,7 +252,7 @@ def solve_candidates(
                 for bi, b in enumerate(B):
                     y = prog.column()
                     ys[ai, bi] = y
-                    cost = pb.edge_price(ei, a, b) * ms
+                    cost = pb.edge_price_of(ei, a, b) * ms
                     if cost:
                         sink.append((y, cost))
             for ai, a in enumerate(A):
@@ -289,7 +303,7 @@ def solve_candidates(
                         exact=exact, branch_nodes=limits.branch_nodes)
     if res.values is None:  # stopped before any integer point: keep `start`
         return DimSolve(list(start), res.status, math.inf, 1.0, n_vars, n_cons, build_s,
-                        time.perf_counter() - t1, res.iterations, res.nodes)
+                        time.perf_counter() - t1, res.iterations, res.nodes, res.mip)
     new = list(start)
     for u, opts in enumerate(cands):
         if xs[u] is None:
@@ -299,4 +313,4 @@ def solve_candidates(
             s = max(sorted(vals), key=lambda k: vals[k])
         new[u] = opts[s]
     return DimSolve(new, res.status, res.objective, res.gap, n_vars, n_cons, build_s,
-                    time.perf_counter() - t1, res.iterations, res.nodes)
+                    time.perf_counter() - t1, res.iterations, res.nodes, res.mip)

@@ -159,6 +159,12 @@ class Problem:
         self._unit_cache: dict[tuple, tuple[float, dict] | None] = {}
         self._edge_cache: dict[tuple, float] = {}
         self._placements: dict[tuple, tuple] = {}  # (unit, choice, output or ~input) -> N-D
+        # N-D placements numbered: the programs key their rows by these small ints, which hash
+        # in C, where a tuple of Placement objects hashes each element in Python
+        self._pid: dict[tuple, int] = {}
+        self._pids: dict[tuple, int] = {}  # (unit, choice, output or ~input) -> number
+        self.placements: list[tuple] = []  # number -> N-D placement
+        self._edge_ids: dict[tuple, float] = {}
         # seconds of one redistribution, by what it depends on: many edges carry equal tensors
         self._move_cache: dict[tuple, float] = {}
         self._bucket_sizes: dict[str, int] | None = None
@@ -318,6 +324,29 @@ class Problem:
             hit = self._placements[key] = tuple(opts[c].ins[arg] for c in choice)
         return hit
 
+    def placement_id(self, u: int, choice: tuple[int, ...], out: int = 0) -> int:
+        """The number of `placement(u, choice, out)` (`self.placements` lists them)."""
+        key = (u, choice, out)
+        hit = self._pids.get(key)
+        if hit is None:
+            hit = self._pids[key] = self._number(self.placement(u, choice, out))
+        return hit
+
+    def in_placement_id(self, u: int, choice: tuple[int, ...], arg: int) -> int:
+        """The number of `in_placement(u, choice, arg)`."""
+        key = (u, choice, ~arg)
+        hit = self._pids.get(key)
+        if hit is None:
+            hit = self._pids[key] = self._number(self.in_placement(u, choice, arg))
+        return hit
+
+    def _number(self, placement: tuple) -> int:
+        n = self._pid.get(placement)
+        if n is None:
+            n = self._pid[placement] = len(self.placements)
+            self.placements.append(placement)
+        return n
+
     def allowed(self, u: int, m: int) -> list[int]:
         """Option indices unit `u` may take on mesh dim `m`: a region op's declared one; else the
         placement a region declares for its parameter, or a pin, where there is one."""
@@ -466,6 +495,7 @@ class Problem:
         if keep == self.reshard:
             self.reshard = not keep
             self._edge_cache.clear()
+            self._edge_ids.clear()
 
     def held_gathered(self, assign: list[tuple[int, ...]]) -> float:
         """Bytes per rank of the gathered parameters a plan that keeps them holds from the forward
@@ -497,6 +527,14 @@ class Problem:
                 seconds = self._move_cache[move] = redistribute_time(self.topo, *move)
             hit = self.runs(e) * seconds
             self._edge_cache[key] = hit
+        return hit
+
+    def edge_price_of(self, ei: int, a: int, b: int) -> float:
+        """`edge_price` between numbered placements."""
+        key = (ei, a, b)
+        hit = self._edge_ids.get(key)
+        if hit is None:
+            hit = self._edge_ids[key] = self.edge_price(ei, self.placements[a], self.placements[b])
         return hit
 
     def bucket(self, e: Edge) -> int:

@@ -86,6 +86,7 @@ class Result:
     gap: float  # relative, against the best bound proven (the LP relaxation's, or the solver's own)
     iterations: int = 0  # simplex iterations over every LP solved (HiGHS; 0 for CBC)
     nodes: int = 0  # branch-and-bound nodes solved (HiGHS; 0 for CBC)
+    mip: bool = False  # HiGHS's MIP solver ran (the program outlasted `solve/branch.py`'s budget)
 
 
 def solve_program(prog: Program, *, solver: str, gap: float, max_nodes: int, guard_s: float,
@@ -207,10 +208,11 @@ def _run_highs(prog: Program, *, gap: float, max_nodes: int, guard_s: float,
         h.setSolution(len(start), np.asarray(list(start), dtype=np.int32),
                       np.asarray(list(start.values()), dtype=np.float64))
     h.run()
-    res = _highs_result(h)
+    res = _ended(_highs_result(h), time.perf_counter() - t0 >= guard_s * 0.98)
     res.iterations += work[0]
     res.nodes += work[1]
-    return _ended(res, time.perf_counter() - t0 >= guard_s * 0.98)
+    res.mip = True
+    return res
 
 
 def _highs_with(prog: Program, *, mip: bool, options):
