@@ -26,6 +26,8 @@ from titan_autopar.titan.config_check import ConfigError
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
 import manual_moe  # noqa: E402  (the example of docs/manual_regions.md)
+from test_bad_input import edited  # noqa: E402
+from test_manual import DIM, WithDoubler  # noqa: E402
 
 QUIET = dict(progress=lambda s: None)
 MESH = (("dp_shard", "tp"), (2, 2))
@@ -61,14 +63,6 @@ def planned(tmp_path_factory):
     plan_model(tiny(), mesh, (TOKENS,), trace_cache=cache, **QUIET).save(path)
     (jg, _), = cache.values()
     return path, jg
-
-
-def edited(path: Path, tmp_path: Path, edit) -> Path:
-    d = json.loads(path.read_text())
-    edit(d)
-    out = tmp_path / "edited.json"
-    out.write_text(json.dumps(d))
-    return out
 
 
 # ---------------------------------------------------------------- plan fields: type and range
@@ -250,25 +244,6 @@ def test_a_region_parameter_off_its_declaration_is_refused(moe_plan):
 
 
 # ---------------------------------------------------------------- manual() declarations
-DIM = 32
-
-
-class Doubler(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.proj = nn.Linear(DIM, DIM)
-
-    def forward(self, x):
-        return 2 * x
-
-
-class WithDoubler(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.inner = Doubler()
-
-    def forward(self, x):
-        return self.inner(x) + 1
 
 
 def doubler() -> WithDoubler:
