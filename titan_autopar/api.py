@@ -334,7 +334,7 @@ def plan_model(
                        "solver_seconds": stats.solve_seconds, "programs": stats.solves,
                        "max_variables": stats.variables, "max_constraints": stats.constraints}
     price = pb.evaluate(assign)
-    assign, price = _keep_gathered_if_faster(pb, assign, price, budget, effort, solver, limits,
+    assign, price = _keep_gathered_if_faster(pb, assign, price, budget, effort, programs, limits,
                                              say, stats)
     price.loop = loop_s
     phases["solve"]["objective_ms"] = objective_ms(price, budget)  # what the programs minimise
