@@ -137,7 +137,8 @@ def test_a_schedule_that_names_no_priced_recipe_is_refused(debug_model, mesh_of,
     _, _, plan = _plan(debug_model, mesh_of)
     plan.data["recipe_schedule"] = {"recipe": "fsdp_tp", "why": "edited"}
     plan.save(tmp_path / "p.json")
-    with pytest.raises(PlanError, match="recipe_schedule.recipe.*one of the priced recipes \\(fsdp\\)"):
+    with pytest.raises(PlanError, match="recipe_schedule.recipe: found the string 'fsdp_tp'; "
+                                        "expected 'fsdp' \\(a priced recipe"):
         Plan.load(tmp_path / "p.json")
 
 
