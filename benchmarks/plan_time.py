@@ -33,6 +33,9 @@ Wall-clock seconds move with whatever else the machine runs. So each row also gi
 CPU seconds this process spent on the case, and the line gives the machine's cores and its
 1-minute load average before and after the cases (`load_before`, `load_after`). Where the load
 nears the core count, `total_s` includes waiting for a core and `cpu_s` is the closer figure.
+A shared machine's cores also change speed under an idle load average: `probe_before` and
+`probe_after` time one fixed pure-Python loop (`speed_probe`), the control that tells a slower
+machine from a slower planner.
 
   .venv/bin/python benchmarks/plan_time.py [--solver highs|cbc] [--case 8b|70b|8b_cli|...]
 """
@@ -145,6 +148,15 @@ def run_job(case: str, solver: str) -> dict:
     }
 
 
+def speed_probe() -> float:
+    """Seconds of a fixed pure-Python loop: this machine's speed at the moment."""
+    t0 = time.perf_counter()
+    s = 0
+    for i in range(5_000_000):
+        s += i
+    return round(time.perf_counter() - t0, 3)
+
+
 def work(plan: dict) -> dict:
     """The planner's counted work, from a plan's JSON."""
     sv = plan["solver"]
@@ -219,13 +231,14 @@ def main() -> None:
     ap.add_argument("--case", choices=sorted(CASES) + sorted(CLI) + sorted(JOBS), action="append")
     a = ap.parse_args()
     out = {"benchmark": "plan_time", "solver": a.solver, "cores": os.cpu_count(),
-           "load_before": round(os.getloadavg()[0], 2)}
+           "load_before": round(os.getloadavg()[0], 2), "probe_before": speed_probe()}
     cases = a.case or sorted(CASES) + sorted(CLI) + sorted(JOBS)
     for case in cases:
         cpu = time.process_time()
         out[case] = run(case, a.solver)
         out[case].setdefault("cpu_s", round(time.process_time() - cpu, 2))
     out["load_after"] = round(os.getloadavg()[0], 2)
+    out["probe_after"] = speed_probe()
     rows = [out[c] for c in cases if "total_s" in out[c]]
     out["worst_gap"] = max((r["gap"] for r in rows), default=None)
     out["targets_met"] = {f"{c}<={t}s": out[c].get("total_s", 1e9) <= t
