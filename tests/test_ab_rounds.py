@@ -56,3 +56,18 @@ def test_an_earlier_ab_with_rounds_is_cleared_and_nothing_else(tmp_path):
     (out / "auto_round2x").mkdir()
     with pytest.raises(ValueError, match="auto_round2x"):
         fresh_folder(out)
+
+
+def test_rank_zeros_step_lines_are_read():
+    """TorchTitan's step lines as its trainer prints them (colours, torchrun's rank prefix):
+    rank 0's are read, every other rank's passed over."""
+    from titan_autopar.titan.ab import step_figures
+
+    line = ("[rank{r}]:[titan] 2026-12-07 23:38:40,101 - root - INFO - \x1b[31mstep:  {s}  "
+            "\x1b[32mloss:  {loss}  \x1b[33mgrad_norm:  1.2345  \x1b[34mmemory:  0.42GiB(1.05%)  "
+            "\x1b[34mtps: 1,234  \x1b[36mtflops: 0.01  \x1b[35mmfu: 0.00%\x1b[39m")
+    out = "\n".join([line.format(r=0, s=1, loss="8.03391"), line.format(r=1, s=1, loss="9.0"),
+                     "[rank0]:[titan] ... - root - INFO - Saving a full checkpoint at step 2",
+                     line.format(r=0, s=2, loss="7.79958")])
+    assert step_figures(out) == {1: {"loss": 8.03391, "memory_gib": 0.42, "tps": 1234.0},
+                                 2: {"loss": 7.79958, "memory_gib": 0.42, "tps": 1234.0}}

@@ -175,7 +175,7 @@ def auto_over_recipe(auto: dict, recipe: dict) -> float | None:
 
 
 _PLAN_NAME = re.compile(r"^plan(\.pp\d+(-\d+)?)?\.json$")  # save_plan's, one per pp stage
-_STEP = re.compile(r"^step-\d+$")
+_CHECKPOINT_STEP = re.compile(r"^step-\d+$")  # a DCP checkpoint folder
 _DCP_FILE = re.compile(r"^(\.metadata|__\d+_\d+\.distcp)$")
 _TB_RUN = re.compile(r"^\d{8}-\d{4}$")
 _TB_FILE = re.compile(r"^events\.out\.tfevents\.")
@@ -212,7 +212,7 @@ def _foreign_in_arm(arm: Path) -> list[str]:
         if e.is_symlink():
             ok = False
         elif e.is_dir():
-            ok = _only(e, _STEP, _DCP_FILE) or _only(e, _TB_RUN, _TB_FILE)
+            ok = _only(e, _CHECKPOINT_STEP, _DCP_FILE) or _only(e, _TB_RUN, _TB_FILE)
         else:
             ok = bool(_PLAN_NAME.match(e.name)) and is_plan_file(e)
         if not ok:
