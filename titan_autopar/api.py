@@ -1,6 +1,6 @@
 """The public entry points: orchestration only.
 
-`plan_model` runs trace -> shared blocks -> options -> prices -> integer programs -> Plan, logging each
+`plan_with_options` plans for a `PlanOptions` (what every road to a plan calls); `plan_model` runs trace -> shared blocks -> options -> prices -> integer programs -> Plan, logging each
 phase's time and size. `apply_plan` turns a Plan into a running module (trace -> per-rank
 program -> forward/backward split -> DTensor parameters); `auto_parallelize` does both.
 """
@@ -33,6 +33,7 @@ from titan_autopar.graph.manual import ManualRegionError, resolve_all
 from titan_autopar.graph.stamp import trace_step
 from titan_autopar.limits import MAX_MEMORY_BUDGET_GIB
 from titan_autopar.plan import Plan, build_plan, fingerprint
+from titan_autopar.plan_options import PlanOptions
 from titan_autopar.plan_check import check_against_graph, check_plan_data
 from titan_autopar.solve.descent import DescentStats, descend, initial_assignment, objective_ms
 from titan_autopar.solve.errors import MemoryBudgetError, memory_floor
@@ -365,6 +366,18 @@ def plan_model(
     phases["plan"] = {"seconds": time.perf_counter() - t}
     plan.timings = phases
     return plan
+
+
+def plan_with_options(model: torch.nn.Module, mesh: DeviceMesh, options: PlanOptions, *,
+                      progress=None, trace_cache: dict | None = None) -> Plan:
+    """`plan_model` for `options` (`plan_options.PlanOptions`), on `mesh`, whose dim names and
+    sizes must be the options' own: the one call every road to a plan makes."""
+    names, sizes = _mesh_info(mesh)
+    if (names, sizes) != (tuple(options.mesh_names), tuple(options.mesh_sizes)):
+        raise ValueError(f"the mesh {dict(zip(names, sizes))} is not the options' "
+                         f"{dict(zip(options.mesh_names, options.mesh_sizes))}")
+    return plan_model(model, mesh, options.sample_inputs(), **options.keywords(),
+                      progress=progress, trace_cache=trace_cache)
 
 
 def _planned_inputs(plan: Plan) -> tuple[torch.Tensor, ...]:

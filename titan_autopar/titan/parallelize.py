@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from titan_autopar.titan.job_file import planner_mesh
+from titan_autopar.titan.job_options import compute_dtype, job_plan_options
 from titan_autopar.titan.manual_marks import check_job_regions, mark_job_regions
 
 MODELS = ("llama3", "llama4", "deepseek_v3", "qwen3")
@@ -135,23 +136,6 @@ def _mesh(parallel_dims, names, sizes):
         else:
             _MESHES[key] = init_device_mesh(device_type, sizes, mesh_dim_names=names)
     return _MESHES[key]
-
-
-def compute_dtype(model, job_config) -> torch.dtype | None:
-    """`training.mixed_precision_param` as the plan's param_dtype (None: the parameters' own)."""
-    want = getattr(torch, job_config.training.mixed_precision_param)
-    return None if want == next(model.parameters()).dtype else want
-
-
-def job_precision(model, job_config):
-    """How the job's tensors are priced: a job that computes in its parameters' own dtype (no
-    mixed precision, e.g. fp32 on CPU ranks) at their real sizes and that dtype's peak; None
-    (TorchTitan's bf16 default, or exact sizes through `param_dtype`) otherwise."""
-    from titan_autopar.cost.memory import Precision
-
-    if compute_dtype(model, job_config) is not None:
-        return None
-    return Precision(exact_floats=True)
 
 
 def stage_inputs(model, parallel_dims, job_config) -> torch.Tensor:
@@ -321,9 +305,7 @@ def check_plan_paths(job_config, tag: str, saves: bool) -> None:
 
 
 def _plan(model, mesh, tokens, names, job_config, tag):
-    from titan_autopar import Plan, plan_model
-    from titan_autopar.solve.recipes import default_input_placements
-    from titan_autopar.titan.loop_collectives import trainer_loop_collectives
+    from titan_autopar import Plan, plan_with_options
 
     ap = job_config.auto_parallel
     log = _log()
@@ -344,18 +326,10 @@ def _plan(model, mesh, tokens, names, job_config, tag):
         if plan is None:
             log.info(f"[titan_autopar] planning {what}{type(model).__name__} on mesh "
                      f"{dict(zip(names, mesh.shape))} for a {ap.hardware} cluster")
-            plan = plan_model(
-                model, mesh, (tokens,),
-                output_placements=[default_input_placements(names, torch.empty(1, 1, 1))],
-                hardware=ap.hardware, memory_budget_gib=ap.memory_budget_gib or None,
-                solver=ap.solver, time_limit_s=ap.time_limit_s or None,
-                activation_checkpointing=job_config.activation_checkpoint.mode,
-                param_dtype=compute_dtype(model, job_config),
-                precision=job_precision(model, job_config),
-                cp_attention=ap.cp_attention,
-                loop_collectives=trainer_loop_collectives(names, sizes, job_config.metrics.log_freq),
-                progress=lambda s: log.info(f"[titan_autopar] {s}"),
-            )
+            options = job_plan_options(job_config, names, sizes, model,
+                                       inputs=[(tuple(tokens.shape), tokens.dtype)])
+            plan = plan_with_options(model, mesh, options,
+                                     progress=lambda s: log.info(f"[titan_autopar] {s}"))
         plan_json = plan.to_json()
     if dist.is_initialized() and dist.get_world_size() > 1:
         every = [None] * dist.get_world_size()
