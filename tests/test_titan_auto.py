@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from titan_autopar.cli import main as cli
 from titan_autopar.titan.launch import launch, parse_losses, tensorboard_scalars
 from titan_autopar.titan.predictions import MEMORY_TAG, STEP_TAG
 
@@ -113,6 +114,20 @@ def test_auto_trains_like_the_fsdp_recipe(trained):
     assert tensorboard_scalars(root / "auto", "time_metrics/end_to_end(s)")  # measured, same run
     memory = tensorboard_scalars(root / "auto", MEMORY_TAG)
     assert list(memory.values()) == pytest.approx([plan["predicted"]["peak_memory_gib"]] * 2)
+
+
+def previewed_plan(config: str, out: Path) -> str:
+    """The plan `titan-autopar plan --config` writes for a job, as text."""
+    assert cli(["plan", "--config", str(REPO / config), "--out", str(out)]) == 0
+    return out.read_text()
+
+
+def test_the_previewed_plan_is_the_plan_the_job_runs(trained, tmp_path):
+    """`titan-autopar plan --config` and the job's own `save_plan` write the same bytes (the
+    job's `hardware = "calibrate"`: the profile its ranks measured, cached on this machine)."""
+    root, _ = trained
+    ran = (root / "auto" / "plan.json").read_text()
+    assert previewed_plan(AUTO, tmp_path / "preview.json") == ran
 
 
 def test_a_killed_rank_resumes_with_the_saved_plan(trained):
@@ -272,8 +287,11 @@ def test_moe_models_train_under_auto(model, tmp_path):
     losses = parse_losses(run.stdout)
     assert sorted(losses) == [1, 2, 3] and all(math.isfinite(v) for v in losses.values())
     assert losses[3] < losses[1]
-    plan = json.loads((tmp_path / "plan.json").read_text())
-    assert plan["manual_regions"], "MoE blocks should be planned as manual regions"
+    ran = (tmp_path / "plan.json").read_text()
+    assert json.loads(ran)["manual_regions"], "MoE blocks should be planned as manual regions"
+    # what `titan-autopar plan --config` previews is what ran, to the byte
+    assert previewed_plan(f"train_configs/{model}_debug_cpu_auto4.toml",
+                          tmp_path / "preview.json") == ran
 
 
 ONE_RANK = ["--parallelism.data_parallel_shard_degree", "1"]  # what does not need four

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import os
 import sys
@@ -153,17 +152,12 @@ def _calibrated_here(config, world: int) -> str:
 def _job_with_flags(a, given: set[str]):
     """The job `--config` names, with every flag given in its place (one rule: a flag given
     overrides the config)."""
-    from titan_autopar.titan.job_file import planning_job
+    from titan_autopar.titan.job_file import planning_job, with_flags
 
-    job = planning_job(a.config)
-    over = {k: getattr(a, k) for k in given if k not in ("mesh", "param_dtype")}
+    flags = {k: getattr(a, k) for k in given if k != "mesh"}
     if "mesh" in given:
-        names, sizes = parse_mesh(a.mesh)
-        over.update(mesh_names=names, mesh_sizes=sizes, world_size=math.prod(sizes),
-                    expert_parallel=dict(zip(names, sizes)).get("ep", 1))
-    if "param_dtype" in given:  # the job's None: compute in the parameters' own fp32
-        over["param_dtype"] = None if a.param_dtype == "float32" else a.param_dtype
-    return dataclasses.replace(job, **over)
+        flags["mesh"] = parse_mesh(a.mesh)
+    return with_flags(planning_job(a.config), flags)
 
 
 def cmd_plan(a) -> int:
@@ -191,23 +185,17 @@ def cmd_plan(a) -> int:
         check_search_outputs(a.out, a.force)
     given_as = (f"--hardware {a.hardware}" if "hardware" in given or job is None
                 else f"{a.config}: [auto_parallel] hardware = {job.hardware!r}")
-    if job is not None:  # the job decides what no flag gave
-        a.model, a.flavor, a.seq_len = job.model, job.flavor, job.seq_len
-        a.local_batch_size, a.hardware = job.local_batch_size, job.hardware
-        a.memory_budget_gib, a.solver, a.time_limit_s = (job.memory_budget_gib, job.solver,
-                                                         job.time_limit_s)
-        a.activation_checkpointing, a.cp_attention = job.activation_checkpointing, job.cp_attention
-        a.param_dtype = job.param_dtype or "float32"  # the job computes in fp32: priced so
-        a.mesh = ",".join(f"{n}={s}" for n, s in zip(job.mesh_names, job.mesh_sizes))
+    if job is not None:  # the job, flags written in, decides everything
+        a.model, a.flavor, a.seq_len, a.hardware = job.model, job.flavor, job.seq_len, job.hardware
+        names, sizes = job.mesh_names, job.mesh_sizes
     else:
         for k, v in PLAN_DEFAULTS.items():
             if getattr(a, k) is None:
                 setattr(a, k, v)
+        names, sizes = parse_mesh(a.mesh)
     if a.hardware == "calibrate":
         a.hardware = _calibrated_here(a.config, job.world_size)
-        if job is not None:
-            job = dataclasses.replace(job, hardware=a.hardware)
-    names, sizes = parse_mesh(a.mesh)
+        job.config.auto_parallel.hardware = a.hardware
     from titan_autopar.cost.hardware import get_hardware
 
     check_profile_given(a.hardware, given_as)  # a bad profile, named where it was given
@@ -216,12 +204,8 @@ def cmd_plan(a) -> int:
     say = lambda s: print(f"[{time.perf_counter() - t0:6.1f}s] {s}", flush=True)  # noqa: E731
     if search:
         return _search(a, job, say)
-    import torch
-
-    from titan_autopar import plan_model
-    from titan_autopar.cost.memory import Precision
-    from titan_autopar.titan.loop_collectives import trainer_loop_collectives
-    from titan_autopar.titan.models import build_model, global_batch
+    from titan_autopar import plan_with_options
+    from titan_autopar.titan.models import build_model
 
     say(f"building {a.model} {a.flavor} on the meta device")
     model, _ = build_model(a.model, a.flavor, a.seq_len)
@@ -235,25 +219,35 @@ def cmd_plan(a) -> int:
     if marked:
         say(f"manual regions ({style}): {', '.join(marked[:4])}"
             f"{' ...' if len(marked) > 4 else ''}")
+    options = job.options(model) if job is not None else _flag_options(a, names, sizes)
     mesh = fake_mesh(names, sizes)
-    batch = global_batch(a.local_batch_size, names, sizes)
-    tokens = torch.zeros(batch, a.seq_len, dtype=torch.long)
-    say(f"planning a global batch of {batch} x {a.seq_len} tokens on {'x'.join(map(str, sizes))} "
-        f"simulated {a.hardware} ranks")
-    plan = plan_model(model, mesh, (tokens,), hardware=a.hardware, memory_budget_gib=a.memory_budget_gib,
-                      solver=a.solver, time_limit_s=a.time_limit_s,
-                      activation_checkpointing=a.activation_checkpointing,
-                      param_dtype=getattr(torch, a.param_dtype) if a.param_dtype not in
-                      (None, "float32") else None,
-                      precision=Precision(exact_floats=True) if a.param_dtype == "float32" else None,
-                      cp_attention=a.cp_attention or "cheapest", progress=say,
-                      loop_collectives=trainer_loop_collectives(names, sizes, job.log_freq)
-                      if job is not None else ())
+    say(f"planning a global batch of {options.inputs[0][0][0]} x {a.seq_len} tokens on "
+        f"{'x'.join(map(str, sizes))} simulated {a.hardware} ranks")
+    plan = plan_with_options(model, mesh, options, progress=say)
     plan.save(a.out, timings=a.timings)
     say(f"wrote {a.out}")
     if a.explain:
         print(plan.explain())
     return 0
+
+
+def _flag_options(a, names, sizes):
+    """`titan-autopar plan` without a job: the PlanOptions its flags give (nothing pinned on
+    the way out, no training loop priced); a param_dtype of float32 prices tensors at their
+    real sizes, as a job computing in fp32 is priced."""
+    import torch
+
+    from titan_autopar.plan_options import PlanOptions, token_inputs
+    from titan_autopar.titan.models import global_batch
+
+    mixed = a.param_dtype not in (None, "float32")
+    return PlanOptions(
+        mesh_names=names, mesh_sizes=sizes,
+        inputs=token_inputs(global_batch(a.local_batch_size, names, sizes), a.seq_len),
+        hardware=a.hardware, memory_budget_gib=a.memory_budget_gib, solver=a.solver,
+        time_limit_s=a.time_limit_s, param_dtype=getattr(torch, a.param_dtype) if mixed else None,
+        exact_floats=a.param_dtype == "float32", activation_checkpointing=a.activation_checkpointing,
+        cp_attention=a.cp_attention or "cheapest")
 
 
 def _search(a, job, say) -> int:
@@ -262,8 +256,7 @@ def _search(a, job, say) -> int:
     from titan_autopar.titan.degree_search import search_degrees, table
     from titan_autopar.titan.search_outputs import write_search_outputs
 
-    res = search_degrees(job, hardware=job.hardware, make_mesh=fake_mesh, top=a.top or 2, say=say,
-                         solver=job.solver, time_limit_s=job.time_limit_s)
+    res = search_degrees(job, make_mesh=fake_mesh, top=a.top or 2, say=say)
     text = table(res, a.hardware)
     print(text)
     out, block, md = write_search_outputs(a.out, res.plans[res.winner.degrees], a.config,

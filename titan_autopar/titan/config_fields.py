@@ -67,3 +67,13 @@ class AutoParallel:
     """How the `manual_modules` run: "torchtitan_ep" (TorchTitan's ExpertParallel: experts split
     over the ep dim, tokens exchanged by all-to-all) or "data_parallel" (the block on each rank's
     own tokens, its parameters gathered)."""
+
+
+@dataclass
+class JobConfig:
+    """What TorchTitan's config manager merges into its JobConfig: `titan/job_config.py` (the
+    module a job names, which also installs the switch) exports this class, and
+    `titan-autopar plan --config` parses a job with this module, which installs nothing."""
+
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    auto_parallel: AutoParallel = field(default_factory=AutoParallel)

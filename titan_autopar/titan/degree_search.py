@@ -26,7 +26,6 @@ from dataclasses import dataclass
 import torch
 
 from titan_autopar.solve.search import Candidate, Degrees, ModelShape, candidate_degrees, rank_rows
-from titan_autopar.titan.loop_collectives import trainer_loop_collectives
 from titan_autopar.titan.search_outputs import TABLE_END, TABLE_HEAD
 
 GiB = 1024 ** 3
@@ -51,21 +50,19 @@ def model_shape(model: torch.nn.Module, args, param_bytes: int = 16) -> ModelSha
                       state_bytes_per_param=param_bytes)
 
 
-def search_degrees(job, *, hardware: str, make_mesh: Callable, top: int = 2,
-                   say: Callable[[str], None] = print, solver: str = "highs",
-                   time_limit_s: float | None = None) -> SearchResult:
-    """Search the degrees of `job` (a `titan/job_file.PlanningJob`) on `hardware`; `solver` and
-    `time_limit_s` go to every plan it makes."""
-    from titan_autopar import plan_model
+def search_degrees(job, *, make_mesh: Callable, top: int = 2,
+                   say: Callable[[str], None] = print) -> SearchResult:
+    """Search the degrees of `job` (a `titan/job_file.PlanningJob`), each candidate planned
+    with the job's own options (`PlanningJob.options`) on its mesh."""
+    from titan_autopar import plan_with_options
     from titan_autopar.cost.hardware import get_hardware
-    from titan_autopar.cost.memory import Precision
     from titan_autopar.solve.errors import MemoryBudgetError
     from titan_autopar.titan.job_file import planner_mesh
     from titan_autopar.titan.manual_marks import mark_job_regions
-    from titan_autopar.titan.models import build_model, global_batch
+    from titan_autopar.titan.models import build_model
 
     t0 = time.perf_counter()
-    hw = get_hardware(hardware)
+    hw = get_hardware(job.hardware)
     budget_gib = job.memory_budget_gib or hw.hbm_bytes / GiB
     models: dict[int, torch.nn.Module] = {}
 
@@ -95,17 +92,9 @@ def search_degrees(job, *, hardware: str, make_mesh: Callable, top: int = 2,
     def plan(d: Degrees, effort: str):
         m, _ = model_for(d.ep)
         names, sizes = planner_mesh(d.dp_replicate, d.dp_shard, d.tp, d.ep, d.cp)
-        mesh = make_mesh(names, sizes)
-        tokens = torch.zeros(global_batch(job.local_batch_size, names, sizes), job.seq_len,
-                             dtype=torch.long)
-        pd = job.param_dtype  # None: the job computes in its parameters' fp32, priced so
-        return plan_model(m, mesh, (tokens,), hardware=hardware, memory_budget_gib=job.memory_budget_gib,
-                          solver=solver, time_limit_s=time_limit_s,
-                          activation_checkpointing=job.activation_checkpointing,
-                          param_dtype=getattr(torch, pd) if pd else None,
-                          precision=None if pd else Precision(exact_floats=True), progress=quiet,
-                          effort=effort, trace_cache=cache, cp_attention=job.cp_attention,
-                          loop_collectives=trainer_loop_collectives(names, sizes, job.log_freq))
+        options = job.options(m, names, sizes).replace(effort=effort)
+        return plan_with_options(m, make_mesh(names, sizes), options, progress=quiet,
+                                 trace_cache=cache)
 
     tokens_per_gpu = job.local_batch_size * job.seq_len  # per data-parallel rank and step
 

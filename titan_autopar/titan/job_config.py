@@ -10,17 +10,11 @@ parallelism degrees against the rank count before TorchTitan's own (`titan/degre
 The fields themselves are declared in `titan/config_fields.py`.
 """
 
-from dataclasses import dataclass, field
-
-from titan_autopar.titan.config_fields import AutoParallel, Parallelism
+from titan_autopar.titan.config_fields import JobConfig
 from titan_autopar.titan.degree_check import install_degree_check
 from titan_autopar.titan.parallelize import register_auto_train_specs
 
-
-@dataclass
-class JobConfig:
-    parallelism: Parallelism = field(default_factory=Parallelism)
-    auto_parallel: AutoParallel = field(default_factory=AutoParallel)
+__all__ = ["JobConfig"]
 
 
 register_auto_train_specs()

@@ -1,50 +1,94 @@
-"""What a TorchTitan job file asks the planner for, read without starting TorchTitan.
+"""A TorchTitan job file read for planning ahead, as TorchTitan's trainer reads it.
 
-`planning_job(path)` reads a TOML config (the `[model]`, `[training]`, `[parallelism]` and
-`[auto_parallel]` sections) and returns what `titan-autopar plan --config` needs to plan that
-job on a simulated cluster: model and flavor, sequence length, local batch, the mesh (the same
-dims `auto = true` builds at run time: dp_replicate, dp_shard, ep, tp, degree-1 dims left out), the
-manual regions (`manual_modules`, or with ep > 1 every MoE block) and
-the hardware preset, memory budget, solver, activation checkpointing mode and mixed precision
-(TorchTitan's defaults where a section leaves them out: selective checkpointing, bf16 compute).
-The file's keys (`config_keys.py`), types (`config_check.py`) and values (`config_values.py`)
-are checked as a job under the switch checks them; a config the planner cannot take says what
-to change.
+`planning_job(path)` checks the file's keys (`config_keys.py`), the types (`config_check.py`)
+and values (`config_values.py`) of the sections the planner reads, with the words a job under
+the switch gets, then parses it with TorchTitan's own `ConfigManager` (TorchTitan's defaults
+for whatever the file leaves out) and returns a `PlanningJob`: that `JobConfig`, and the mesh
+the job's degrees make (`planner_mesh`: the dims `auto = true` builds at run time).
+`with_flags` writes `titan-autopar plan`'s flags into it (one rule: a flag given overrides the
+config). What the planner is given comes from `PlanningJob.options`, i.e.
+`titan/job_options.job_plan_options`, the function the running job calls.
+
+The file is parsed with this package's fields module (`config_fields.JobConfig`) in place of
+the switch module it names, which would also register the train specs of every model.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from titan_autopar.limits import MAX_MESH_RANKS
 from titan_autopar.titan.config_check import ConfigError, check_section, read_toml
-from titan_autopar.titan.config_keys import check_keys
+from titan_autopar.titan.config_keys import SWITCH_MODULE, check_keys
 from titan_autopar.titan.config_values import check_values
 from titan_autopar.titan.manual_marks import check_job_regions
 
+FIELDS_MODULE = "titan_autopar.titan.config_fields"
+# flag -> (section, key) of the JobConfig it overrides
+FLAG_KEYS = {"model": ("model", "name"), "flavor": ("model", "flavor"),
+             "seq_len": ("training", "seq_len"),
+             "local_batch_size": ("training", "local_batch_size"),
+             "hardware": ("auto_parallel", "hardware"),
+             "memory_budget_gib": ("auto_parallel", "memory_budget_gib"),
+             "solver": ("auto_parallel", "solver"), "time_limit_s": ("auto_parallel", "time_limit_s"),
+             "activation_checkpointing": ("activation_checkpoint", "mode"),
+             "cp_attention": ("auto_parallel", "cp_attention"),
+             "param_dtype": ("training", "mixed_precision_param")}
 
-@dataclass
+
+@dataclass(frozen=True)
 class PlanningJob:
-    model: str
-    flavor: str
-    seq_len: int
-    local_batch_size: int
+    config: object  # TorchTitan's JobConfig, flags written in
+    source: str
     mesh_names: tuple[str, ...]
     mesh_sizes: tuple[int, ...]
-    hardware: str
-    memory_budget_gib: float | None
-    world_size: int
-    activation_checkpointing: str
-    param_dtype: str | None  # mixed precision compute dtype, None for the parameters' own
-    expert_parallel: int = 1
-    manual_modules: tuple[str, ...] = ()
-    manual_style: str = "torchtitan_ep"
-    search_degrees: bool = False
-    cp_attention: str = "cheapest"
-    solver: str = "highs"
-    time_limit_s: float | None = None  # None: the planner's default
-    log_freq: int = 10  # [metrics] log_freq: the trainer's logging collectives run that often
+
+    def options(self, model, names=None, sizes=None):
+        """The PlanOptions this job plans `model` with on its mesh (or on `names` x `sizes`)."""
+        from titan_autopar.titan.job_options import job_plan_options
+
+        return job_plan_options(self.config, names or self.mesh_names, sizes or self.mesh_sizes,
+                                model)
+
+    model = property(lambda self: self.config.model.name)
+    flavor = property(lambda self: self.config.model.flavor)
+    seq_len = property(lambda self: self.config.training.seq_len)
+    local_batch_size = property(lambda self: self.config.training.local_batch_size)
+    hardware = property(lambda self: self.config.auto_parallel.hardware)
+    memory_budget_gib = property(lambda self: self.config.auto_parallel.memory_budget_gib or None)
+    solver = property(lambda self: self.config.auto_parallel.solver)
+    time_limit_s = property(lambda self: self.config.auto_parallel.time_limit_s or None)
+    cp_attention = property(lambda self: self.config.auto_parallel.cp_attention)
+    search_degrees = property(lambda self: self.config.auto_parallel.search_degrees)
+    manual_modules = property(lambda self: tuple(self.config.auto_parallel.manual_modules))
+    manual_style = property(lambda self: self.config.auto_parallel.manual_style)
+    activation_checkpointing = property(lambda self: self.config.activation_checkpoint.mode)
+    log_freq = property(lambda self: self.config.metrics.log_freq)
+    world_size = property(lambda self: math.prod(self.mesh_sizes))
+    expert_parallel = property(lambda self: dict(zip(self.mesh_names, self.mesh_sizes)).get("ep", 1))
+
+    @property
+    def param_dtype(self) -> str | None:
+        """The compute dtype of mixed precision, None where it is fp32 (the parameters')."""
+        want = self.config.training.mixed_precision_param
+        return None if want == "float32" else want
+
+
+def with_flags(job: PlanningJob, flags: dict) -> PlanningJob:
+    """`job` with `titan-autopar plan`'s flags written over its config: each of FLAG_KEYS, and
+    "mesh" as (names, sizes). A param_dtype of "float32" computes in the parameters' fp32."""
+    for flag, value in flags.items():
+        if flag == "mesh":
+            continue
+        section, key = FLAG_KEYS[flag]
+        setattr(getattr(job.config, section), key, value)
+    if "mesh" in flags:
+        names, sizes = flags["mesh"]
+        job = PlanningJob(job.config, job.source, tuple(names), tuple(sizes))
+    return job
 
 
 def planner_mesh(dp_replicate: int, dp_shard: int, tp: int, ep: int = 1,
@@ -71,7 +115,7 @@ def planner_mesh(dp_replicate: int, dp_shard: int, tp: int, ep: int = 1,
 
 
 def _checked_sections(cfg: dict, source: str) -> dict:
-    """The sections this module reads, each value checked against TorchTitan's (and this
+    """The sections the planner reads, each value checked against TorchTitan's (and this
     package's) declared type."""
     from torchtitan.config import job_config as tt
 
@@ -90,6 +134,23 @@ def _checked_sections(cfg: dict, source: str) -> dict:
     return out
 
 
+def _parsed(path: Path, cfg: dict):
+    """TorchTitan's JobConfig for the file, parsed by its ConfigManager. Its warnings about
+    the trainer's own files (a tokenizer folder not there yet) are not the plan's: muted."""
+    from torchtitan.config import ConfigManager
+    from torchtitan.tools.logging import logger
+
+    named = (cfg.get("job") or {}).get("custom_config_module") or SWITCH_MODULE
+    module = FIELDS_MODULE if named == SWITCH_MODULE else named
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        return ConfigManager().parse_args(["--job.config_file", str(path),
+                                           "--job.custom_config_module", module])
+    finally:
+        logger.setLevel(level)
+
+
 def planning_job(path: str | Path) -> PlanningJob:
     path = Path(path)
     if not path.exists():
@@ -97,11 +158,10 @@ def planning_job(path: str | Path) -> PlanningJob:
                           "train_configs/llama3_8b_64gpu_auto.toml")
     cfg = read_toml(path)
     check_keys(cfg, str(path))
-    sections = _checked_sections(cfg, str(path))
-    check_values(sections, str(path))  # the same rules as a job under the switch
-    model, training = sections["model"], sections["training"]
-    par, ap = sections["parallelism"], sections["auto_parallel"]
-    deg = {k: int(par.get(f"{k}_degree", 1)) for k in (
+    check_values(_checked_sections(cfg, str(path)), str(path))  # as a job under the switch
+    config = _parsed(path, cfg)
+    par, ap = config.parallelism, config.auto_parallel
+    deg = {k: getattr(par, f"{k}_degree") for k in (
         "data_parallel_replicate", "data_parallel_shard", "tensor_parallel", "pipeline_parallel",
         "context_parallel", "expert_parallel")}
     if deg["data_parallel_shard"] < 1:
@@ -112,31 +172,12 @@ def planning_job(path: str | Path) -> PlanningJob:
         raise ValueError(f"{path}: pipeline_parallel_degree = {deg['pipeline_parallel']}: "
                          "`plan --config` plans the whole model on one mesh; pipeline stages are "
                          "planned when the job runs. Set it to 1 to plan ahead.")
-    check_job_regions(deg["expert_parallel"], ap.get("manual_modules", ()),
-                      ap.get("manual_style", "torchtitan_ep"), str(path))
+    check_job_regions(deg["expert_parallel"], ap.manual_modules, ap.manual_style, str(path))
     names, sizes = planner_mesh(deg["data_parallel_replicate"], deg["data_parallel_shard"],
                                 deg["tensor_parallel"], deg["expert_parallel"],
                                 deg["context_parallel"])
-    world = 1
-    for s in sizes:
-        world *= s
+    world = math.prod(sizes)
     if world > MAX_MESH_RANKS:
         raise ConfigError(f"{path}: the [parallelism] degrees multiply to {world} ranks; a "
                           f"simulated cluster holds at most {MAX_MESH_RANKS}: lower them")
-    budget = float(ap.get("memory_budget_gib", 0.0)) or None
-    return PlanningJob(
-        model=model.get("name", "llama3"), flavor=model.get("flavor", "debugmodel"),
-        seq_len=int(training.get("seq_len", 2048)),
-        local_batch_size=int(training.get("local_batch_size", 8)),
-        mesh_names=tuple(names), mesh_sizes=tuple(sizes),
-        hardware=ap.get("hardware", "h100"), memory_budget_gib=budget, world_size=world,
-        activation_checkpointing=sections["activation_checkpoint"].get("mode", "selective"),
-        param_dtype=(None if training.get("mixed_precision_param", "bfloat16") == "float32"
-                     else training.get("mixed_precision_param", "bfloat16")),
-        expert_parallel=deg["expert_parallel"],
-        manual_modules=tuple(ap.get("manual_modules", ())),
-        manual_style=ap.get("manual_style", "torchtitan_ep"),
-        search_degrees=bool(ap.get("search_degrees", False)),
-        cp_attention=ap.get("cp_attention", "cheapest"), solver=ap.get("solver", "highs"),
-        time_limit_s=float(ap.get("time_limit_s", 0.0)) or None,
-        log_freq=int(sections["metrics"].get("log_freq", 10)))
+    return PlanningJob(config, str(path), tuple(names), tuple(sizes))
