@@ -5,4 +5,5 @@ from titan_autopar.graph.manual import manual
 from titan_autopar.plan import Plan
 from titan_autopar.plan_options import PlanOptions
 
-__all__ = ["plan_model", "plan_with_options", "apply_plan", "auto_parallelize", "manual", "Plan", "PlanOptions"]
+__all__ = ["plan_model", "plan_with_options", "apply_plan", "auto_parallelize", "manual", "Plan",
+           "PlanOptions"]

@@ -24,26 +24,19 @@ from titan_autopar.apply.interpret import trace_local_joint
 from titan_autopar.apply.module import parallelize_module, tied_names
 from titan_autopar.apply.partition import split_joint
 from titan_autopar.cost.hardware import GiB, get_hardware
-from titan_autopar.cost.loop import loop_seconds
 from titan_autopar.cost.memory import Precision
-from titan_autopar.graph.recompute import check_mode
 from titan_autopar.graph.attention import flex_modules
-from titan_autopar.graph.blocks import find_blocks
-from titan_autopar.graph.manual import ManualRegionError, resolve_all
+from titan_autopar.graph.recompute import check_mode
+from titan_autopar.graph.manual import resolve_all
 from titan_autopar.graph.stamp import trace_step
 from titan_autopar.limits import MAX_MEMORY_BUDGET_GIB
 from titan_autopar.plan import Plan, build_plan, fingerprint
-from titan_autopar.plan_options import PlanOptions
 from titan_autopar.plan_check import check_against_graph, check_plan_data
-from titan_autopar.solve.descent import DescentStats, descend, initial_assignment, objective_ms
-from titan_autopar.solve.errors import MemoryBudgetError, memory_floor
+from titan_autopar.plan_options import PlanOptions
 from titan_autopar.solve.ilp import SolveLimits
-from titan_autopar.solve.joint import check_joint_size, solve_joint
-from titan_autopar.solve.problem import Problem
 from titan_autopar.solve.recipe_schedule import fsdp_schedule
-from titan_autopar.solve.recipes import (RECIPES, TENSOR, check_dim_names, default_input_placements,
-                                         recipe_placements)
-from titan_autopar.strategy.options import OptionBuilder
+from titan_autopar.solve.planner import Pins, Planner, PlannerSettings
+from titan_autopar.solve.recipes import check_dim_names, default_input_placements
 
 log = logging.getLogger("titan_autopar")
 
@@ -56,62 +49,6 @@ def _mesh_info(mesh: DeviceMesh) -> tuple[tuple[str, ...], tuple[int, ...]]:
             "so that plans can say what each dim carries"
         )
     return tuple(names), tuple(mesh.shape)
-
-
-def _trace_key(model, sample_inputs, param_dtype, manual) -> tuple:
-    """What a traced graph depends on besides the model: input shapes and dtypes, the compute
-    dtype, and the manual regions' declarations on this mesh."""
-    regions = json.dumps({n: r.to_json() for n, r in sorted(manual.items())}, sort_keys=True)
-    return (id(model), tuple((tuple(x.shape), str(x.dtype)) for x in sample_inputs),
-            str(param_dtype), regions)
-
-
-def _parameter_pins(given, shapes, names, sizes) -> dict[str, tuple[Placement, ...]]:
-    if given is None:
-        return {}
-    if isinstance(given, str):
-        return recipe_placements(given, shapes, names, sizes)
-    unknown = sorted(set(given) - set(shapes))
-    if unknown:
-        raise ValueError(f"parameter_placements names {unknown[:3]}, which the model does not have; "
-                         f"its parameters are e.g. {list(shapes)[:3]}")
-    for n, pl in given.items():
-        if len(pl) != len(names):
-            raise ValueError(f"parameter_placements[{n!r}] has {len(pl)} placements; the mesh has "
-                             f"{len(names)} dims: give one per dim")
-    return {n: tuple(pl) for n, pl in given.items()}
-
-
-def _keep_gathered_if_faster(pb, assign, price, budget, effort, solver, limits, say, stats):
-    """The plan keeps gathered parameters from the forward to the backward (no second gather)
-    where that fits the budget and is priced faster than FSDP's reshard after forward: the
-    chosen assignment priced so, and (full effort) a descent from it under that pricing, whose
-    programs then see the forward's gathered copies as free for the backward. The descent runs
-    wherever the kept copies fit, also when keeping them gains nothing at the chosen
-    assignment: gathering a weight before the view or cast its forward and backward read, or
-    after it for each, costs the same when the backward gathers again, and only the first
-    gains from keeping; which of two such equal plans the programs return is theirs to choose.
-    Leaves `pb` pricing the choice made."""
-    fits = lambda p: p.peak_memory <= budget * (1 + 1e-9)  # noqa: E731
-    pb.keep_gathered(True)
-    best = (round(price.step_time, 12), 0, assign, price, False)
-    kept = pb.evaluate(assign)
-    if fits(kept) and any(e.again for e in pb.edges):
-        tries = [(assign, kept)]
-        if effort == "full":
-            say("[solve] planning again with gathered parameters kept for the backward")
-            a, _ = descend(pb, assign, budget_bytes=budget, solver=solver, limits=limits,
-                           log=say, stats=stats)
-            tries.append((a, pb.evaluate(a)))
-        for i, (a, p) in enumerate(tries, 1):
-            if fits(p) and (round(p.step_time, 12), i) < best[:2]:
-                best = (round(p.step_time, 12), i, a, p, True)
-    pb.keep_gathered(best[4])
-    if best[4]:
-        say(f"[solve] keeping gathered parameters for the backward: "
-            f"{pb.held_gathered(best[2]) / GiB:.3f} GiB held, predicted step "
-            f"{best[3].step_time * 1e3:.2f} ms against {price.step_time * 1e3:.2f} ms")
-    return best[2], best[3]
 
 
 def plan_model(
@@ -177,7 +114,6 @@ def plan_model(
     if solver not in ("highs", "cbc", "joint"):
         raise ValueError(f"unknown solver {solver!r}: use 'highs' (default), 'cbc', or 'joint' "
                          "(an exact check for small problems)")
-    programs = "highs" if solver == "joint" else solver  # what solves the descents' programs
     if cp_attention not in ("cheapest", "ring"):
         raise ValueError(f"unknown cp_attention {cp_attention!r}: use 'cheapest' (default) or "
                          "'ring' (attention on a cp dim always sequence-sharded)")
@@ -204,160 +140,31 @@ def plan_model(
         output_placements = checks.placement_list("output_placements", output_placements, 1,
                                                   len(names))
     budget = (memory_budget_gib * GiB) if memory_budget_gib is not None else hw.hbm_bytes
-    phases: dict[str, dict] = {}
-
-    t = time.perf_counter()
-    key = _trace_key(model, sample_inputs, param_dtype, manual)
-    if trace_cache is not None and key in trace_cache:
-        jg, blocks = trace_cache[key]
-        say(f"[trace] reused the graph traced for the same shapes ({len(jg.gm.graph.nodes)} nodes)")
-    else:
-        try:
-            jg = trace_step(model, sample_inputs, param_dtype, manual)
-        except ManualRegionError:  # a declaration its tensors cannot take: says which
-            raise
-        except Exception as e:  # the model's own code, run on the sample inputs
-            raise checks.traced_model_error(e, sample_inputs) from e
-        blocks = None
-    phases["trace"] = {"seconds": time.perf_counter() - t, "nodes": len(jg.gm.graph.nodes),
-                       # what make_fx traced: four blocks' graph where the rest was stamped
-                       "traced_nodes": jg.traced_nodes or len(jg.gm.graph.nodes)}
-    how = (f", stamped from {jg.traced_blocks} traced blocks ({jg.traced_nodes} nodes)"
-           if jg.traced_blocks else "")
-    say(f"[trace] {phases['trace']['nodes']} nodes in {phases['trace']['seconds']:.2f}s{how}")
-
-    t = time.perf_counter()
-    blocks = blocks or find_blocks(jg)
-    if trace_cache is not None:
-        trace_cache[key] = (jg, blocks)
-    phases["blocks"] = {
-        "seconds": time.perf_counter() - t,
-        "classes": {c: len(m) for c, m in blocks.classes.items() if len(m) > 1},
-        "representatives": len(set(blocks.rep.values())),
-    }
-    say(f"[blocks] {phases['blocks']['representatives']} representative nodes; shared classes "
-        f"{phases['blocks']['classes']}")
-
-    t = time.perf_counter()
-    builder = OptionBuilder(mesh[names[0]], jg.manual_regions)
-    pb = Problem(jg, blocks, builder, sizes, hw, prec,
-                 recompute=check_mode(activation_checkpointing), names=names,
-                 ring_only=cp_attention == "ring")
-    n_opts = sum(len(u.options) for u in pb.units)
-    phases["enumerate"] = {"seconds": time.perf_counter() - t, "units": len(pb.units),
-                           "options": n_opts, "edges": len(pb.edges)}
-    say(f"[enumerate] {len(pb.units)} units, {n_opts} single-dim options, {len(pb.edges)} edges "
-        f"in {phases['enumerate']['seconds']:.2f}s")
-
-    # pins: inputs, and the output through the tangent that mirrors it
-    for node, pl in zip(jg.input_nodes, input_placements):
-        pb.units[pb.index[node]].pin = pl
-    if output_placements is not None:
-        pb.units[pb.index[jg.tangent_node]].pin = output_placements[0]
-    param_units = {u.param_name: i for i, u in enumerate(pb.units) if u.kind == "param"}
-    shapes = {n: tuple(pb.units[i].outs[0].shape) for n, i in param_units.items()}
-    user_pins = _parameter_pins(parameter_placements, shapes, names, sizes)
-    for n, pl in user_pins.items():
-        pb.units[param_units[n]].pin = pl
-        checks.pin_against_declaration(n, pl, pb.units[param_units[n]].region_pin, names)
-    for u, unit in enumerate(pb.units):
-        for m in range(len(sizes)):
-            if not pb.allowed(u, m):
-                declared = unit.region_pin is not None and unit.region_pin[m] is not None
-                what = (f"the manual region's param_placements for {unit.param_name!r}"
-                        if declared else f"parameter_placements[{unit.param_name!r}]"
-                        if unit.param_name else f"pin of {unit.node.name}")
-                pl = unit.region_pin if declared else unit.pin
-                raise ValueError(f"{what} = {pl} puts {pl[m]!r} on {names[m]!r}, which a tensor "
-                                 f"of shape {tuple(unit.outs[0].shape)} cannot be stored as: "
-                                 "use Replicate() or Shard(d) of a dim longer than 1")
-    if solver == "joint":  # one too large for the exact check is refused before any program
-        check_joint_size(pb)
-
-    if effort == "screen":  # a mesh that cannot hold the model is refused before any program
-        floor, top = memory_floor(pb)
-        if floor > budget * (1 + 1e-9):
-            raise MemoryBudgetError(budget, floor, top, floor)
-
-    t = time.perf_counter()
-    limits = SolveLimits(guard_s=time_limit_s) if time_limit_s else SolveLimits()
-    rounds = 1 if effort == "screen" else 3
-    stats = DescentStats()
-    has_tp = any(n in TENSOR for n in names)
-    recipes = [r for r in RECIPES if r != "fsdp_tp" or has_tp]
-    if effort == "screen":  # the recipe TorchTitan would run on these degrees, then the other
-        recipes.sort(key=lambda r: r != ("fsdp_tp" if has_tp else "fsdp"))
-    priced: dict[str, dict] = {}
-    loop_s = loop_seconds(pb.topo, names, loop_collectives)
-    starts = []
-    for r in recipes:
-        pins = recipe_placements(r, shapes, names, sizes)
-        for n, i in param_units.items():
-            pb.units[i].pin = pins[n]
-        say(f"[solve] pricing the {r} recipe")
-        a, _ = descend(pb, initial_assignment(pb), budget_bytes=budget, solver=programs,
-                       limits=limits, max_rounds=rounds, log=say, stats=stats)
-        for n, i in param_units.items():
-            pb.units[i].pin = user_pins.get(n)
-        price = pb.evaluate(a)
-        price.framework = pb.fsdp_groups() * hw.fsdp_group_overhead  # both recipes run FSDP2
-        if r == "fsdp_tp":  # and this one DTensor's runtime on each tensor-parallel matrix
-            price.framework += pb.matrices() * hw.tp_linear_overhead
-        price.loop = loop_s
-        priced[r] = {"price": price, "objective_ms": objective_ms(price, budget)}
-        starts.append((r, a))
-        if effort == "screen" and price.peak_memory <= budget * (1 + 1e-9):
-            break  # a screen needs one recipe that fits
-    # the auto plan starts from the cheapest recipe (so it can only improve on it) and from
-    # replicate-everywhere (so that what emerges owes nothing to the recipes)
-    cheapest = min(range(len(starts)), key=lambda i: priced[starts[i][0]]["objective_ms"])
-    # a recipe is itself a valid plan, unless the user pinned parameters elsewhere
-    candidates = [] if user_pins else [(f"recipe {r}", a) for r, a in starts]
-    auto_starts = (("replicate", initial_assignment(pb)), starts[cheapest])
-    if solver == "joint":  # the exact check: one program over every mesh dim, no descent
-        say("[solve] one joint program over every mesh dim")
-        warm = initial_assignment(pb) if user_pins else starts[cheapest][1]
-        res = solve_joint(pb, warm, budget_bytes=budget, limits=limits, stats=stats)
-        candidates, auto_starts = [("joint", res.assign)], ()
-    for name, a in auto_starts if effort == "full" else ():
-        say(f"[solve] planning from the {name} start")
-        a, _ = descend(pb, a, budget_bytes=budget, solver=solver, limits=limits,
-                       log=say, stats=stats)
-        candidates.append((name, a))
-
-    def rank(c):
-        p = pb.evaluate(c[1])
-        over = p.peak_memory > budget * (1 + 1e-9)
-        return (over, round(p.step_time, 12), objective_ms(p, budget))
-
-    start, assign = min(candidates, key=rank)
-    phases["solve"] = {"seconds": time.perf_counter() - t, "build_seconds": stats.build_seconds,
-                       "solver_seconds": stats.solve_seconds, "programs": stats.solves,
-                       "max_variables": stats.variables, "max_constraints": stats.constraints}
-    price = pb.evaluate(assign)
-    assign, price = _keep_gathered_if_faster(pb, assign, price, budget, effort, programs, limits,
-                                             say, stats)
-    price.loop = loop_s
-    phases["solve"]["objective_ms"] = objective_ms(price, budget)  # what the programs minimise
-    say(f"[solve] {stats.solves} programs in {phases['solve']['seconds']:.2f}s; predicted step "
-        f"{price.step_time * 1e3:.2f} ms, peak {price.peak_memory / GiB:.2f} GiB (best start: {start})")
-    if price.peak_memory > budget * (1 + 1e-9):
-        floor, top = memory_floor(pb)
-        raise MemoryBudgetError(budget, floor, top, price.peak_memory)
+    settings = PlannerSettings(
+        hardware=hw, precision=prec, budget=budget, solver=solver, effort=effort,
+        limits=SolveLimits(guard_s=time_limit_s) if time_limit_s else SolveLimits(),
+        activation_checkpointing=activation_checkpointing, cp_attention=cp_attention,
+        param_dtype=param_dtype, loop_collectives=tuple(loop_collectives))
+    pins = Pins(inputs=input_placements,
+                output=output_placements[0] if output_placements is not None else None,
+                parameters=parameter_placements)
+    sol = Planner(settings, say, trace_cache).solve(model, mesh, names, sizes, sample_inputs,
+                                                    manual, pins)
+    jg, pb, price, phases = sol.graph, sol.problem, sol.price, sol.phases
 
     t = time.perf_counter()
     plan = build_plan(
-        pb, assign, price,
+        pb, sol.assign, price,
         fingerprint=fingerprint(model, sample_inputs, names, sizes, hw),
-        mesh_names=names, hardware=hw, budget=budget, solver=solver, stats=stats,
-        recipes=priced, fallbacks=dict(builder.fallbacks), start=start,
+        mesh_names=names, hardware=hw, budget=budget, solver=solver, stats=sol.stats,
+        recipes=sol.priced, fallbacks=dict(sol.builder.fallbacks), start=sol.start,
     )
     if solver == "joint":
         plan.data["solver"]["method"] = "one integer program over products of per-dim choices"
     plan.data["reshard_after_forward"] = pb.reshard
     plan.data["recipe_schedule"] = fsdp_schedule(
-        names, price, priced["fsdp"]["price"] if "fsdp" in priced else None, budget=budget,
-        pinned=bool(user_pins),
+        names, price, sol.priced["fsdp"]["price"] if "fsdp" in sol.priced else None,
+        budget=budget, pinned=bool(sol.user_pins),
         manual=any(r.style != "data_parallel" for r in jg.manual_regions.values()),
         tied=any(len(names) > 1 for names in tied_names(model).values()))
     plan.data["activation_checkpointing"] = activation_checkpointing
