@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 from titan_autopar.cli import main, parse_mesh
 
@@ -27,6 +29,10 @@ def test_plan_explain_diff(tmp_path, capsys):
     assert main(["diff", str(a), str(b)]) == 0
     text = capsys.readouterr().out
     assert "fingerprint mesh" in text
+    # a reader that stops early (`| head -1`) ends the command quietly
+    cut = subprocess.run(f"{sys.executable} -m titan_autopar.cli diff {a} {b} | head -1",
+                         shell=True, capture_output=True, text=True, timeout=300)
+    assert cut.stdout.splitlines() == text.splitlines()[:1] and cut.stderr == "", cut.stderr
 
 
 def test_bad_input_is_a_clear_error(tmp_path, capsys):

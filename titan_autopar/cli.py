@@ -438,6 +438,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         return a.fn(a)
+    except BrokenPipeError:  # the reader stopped early (`| head`): not an error of the command
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second one at exit
+        return 0
     except (ValueError, OSError, RuntimeError) as e:  # what a user can act on
         if os.environ.get("TITAN_AUTOPAR_TRACEBACK"):
             raise
