@@ -40,7 +40,7 @@ import torch
 from torch.distributed.tensor import Shard
 
 from titan_autopar import cli, manual, plan_model
-from titan_autopar.cli import fake_mesh  # simulated ranks; may move out of cli.py
+from titan_autopar.fake_mesh import fake_mesh
 from titan_autopar.solve.recipes import default_input_placements  # the switch's output pin
 from titan_autopar.titan.loop_collectives import trainer_loop_collectives
 from titan_autopar.titan.manual_marks import mark_mesh_regions

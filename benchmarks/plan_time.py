@@ -56,7 +56,7 @@ from pathlib import Path
 import torch
 
 from titan_autopar import plan_model
-from titan_autopar.cli import fake_mesh
+from titan_autopar.fake_mesh import fake_mesh
 from titan_autopar.titan.models import build_model, global_batch
 
 # name: (flavor, mesh dims, sizes, seq, compute dtype, activation checkpointing); the "_bf16"

@@ -123,7 +123,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from titan_autopar import plan_model
-    from titan_autopar.cli import fake_mesh
+    from titan_autopar.fake_mesh import fake_mesh
 
     with tempfile.TemporaryDirectory() as tmp:
         mesh = fake_mesh(("dp_shard",), (WORLD,))

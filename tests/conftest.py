@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from titan_autopar.cli import fake_mesh
+from titan_autopar.fake_mesh import fake_mesh
 from titan_autopar.titan.models import build_model
 
 

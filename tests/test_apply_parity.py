@@ -25,7 +25,7 @@ import torch
 from dist_harness import read_result, run_ranks
 from parity_models import BLOCKS, MODELS, MOE_MODEL, TIED_MODEL, inputs_of, meta_model, parity_worker
 from titan_autopar import plan_model
-from titan_autopar.cli import fake_mesh
+from titan_autopar.fake_mesh import fake_mesh
 from titan_autopar.solve.recipes import default_input_placements
 
 KINDS = ("fsdp", "tp", "auto")

@@ -18,7 +18,7 @@ from dist_harness import read_result, run_ranks, write_result
 from parity_models import init_titan, inputs_of, meta_model, titan_model
 from titan_autopar import Plan, apply_plan, auto_parallelize, plan_model
 from titan_autopar.apply.init import local_slice
-from titan_autopar.cli import fake_mesh
+from titan_autopar.fake_mesh import fake_mesh
 from titan_autopar.plan import StalePlanError
 
 

@@ -20,7 +20,8 @@ from torch.distributed.tensor import Replicate, Shard
 
 from conftest import tiny_llama
 from titan_autopar import Plan, apply_plan, plan_model
-from titan_autopar.cli import fake_mesh, main
+from titan_autopar.cli import main
+from titan_autopar.fake_mesh import fake_mesh
 from titan_autopar.plan import PlanError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,7 +20,7 @@ import torch
 
 from test_bad_input import PLAN_ARGS, cli
 from titan_autopar import plan_model
-from titan_autopar.cli import fake_mesh
+from titan_autopar.fake_mesh import fake_mesh
 from titan_autopar.cost.hardware import PRESETS, Hardware, check_figures, get_hardware
 from titan_autopar.cost.profile import ProfileError, machine_description, write_profile
 from titan_autopar.titan.config_check import ConfigError

@@ -24,7 +24,7 @@ import torch
 from conftest import tiny_llama
 from test_bad_input import cli as run_cli
 from titan_autopar import Plan, plan_model
-from titan_autopar.cli import fake_mesh
+from titan_autopar.fake_mesh import fake_mesh
 from titan_autopar.files import FileRefused, check_out_file, write_atomic
 from titan_autopar.plan import PlanError, is_plan_file
 

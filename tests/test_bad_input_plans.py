@@ -18,7 +18,8 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 
 from conftest import tiny_llama
 from titan_autopar import Plan, apply_plan, manual, plan_model
-from titan_autopar.cli import fake_mesh, main
+from titan_autopar.cli import main
+from titan_autopar.fake_mesh import fake_mesh
 from titan_autopar.graph.manual import ManualRegionError, resolve_all
 from titan_autopar.plan_check import PlanError, check_against_graph
 from titan_autopar.titan.config_check import ConfigError

@@ -10,7 +10,8 @@ import tomllib
 import torch
 
 from titan_autopar import plan_model
-from titan_autopar.cli import fake_mesh, main
+from titan_autopar.cli import main
+from titan_autopar.fake_mesh import fake_mesh
 from titan_autopar.solve.search import Degrees, ModelShape, candidate_degrees
 from titan_autopar.titan.job_file import planner_mesh
 from titan_autopar.titan.loop_collectives import trainer_loop_collectives

@@ -12,7 +12,7 @@ import torch
 
 from dist_harness import read_result, run_ranks, write_result
 from titan_autopar import plan_model
-from titan_autopar.cli import fake_mesh
+from titan_autopar.fake_mesh import fake_mesh
 from titan_autopar.cost.hardware import PRESETS
 from titan_autopar.cost.regions import kept_regions, region_seconds, region_work
 from titan_autopar.graph.manual import mark_matching, resolve_all

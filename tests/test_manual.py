@@ -15,7 +15,7 @@ from torch.distributed.tensor import Replicate, Shard
 
 from dist_harness import read_result, run_ranks, write_result
 from titan_autopar import Plan, apply_plan, manual, plan_model
-from titan_autopar.cli import fake_mesh
+from titan_autopar.fake_mesh import fake_mesh
 from titan_autopar.graph.manual import (ManualRegionError, find_manual_regions, mark_matching,
                                         mark_style, resolve_all)
 from titan_autopar.graph.manual_ops import BACKWARD, FORWARD

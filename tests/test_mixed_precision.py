@@ -12,7 +12,7 @@ import torch
 from dist_harness import read_result, run_ranks
 from parity_models import inputs_of, meta_model, mixed_precision_worker
 from titan_autopar import plan_model
-from titan_autopar.cli import fake_mesh
+from titan_autopar.fake_mesh import fake_mesh
 
 
 def test_bf16_compute_fp32_gradients(tmp_path):

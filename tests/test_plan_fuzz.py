@@ -15,7 +15,7 @@ import torch
 
 from conftest import tiny_llama
 from titan_autopar import Plan, plan_model
-from titan_autopar.cli import fake_mesh
+from titan_autopar.fake_mesh import fake_mesh
 from titan_autopar.plan import PlanError
 
 MUTANTS = 2500

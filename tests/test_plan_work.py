@@ -39,7 +39,7 @@ COUNTS = ("programs", "simplex_iterations", "nodes", "mip_programs", "traced_nod
 
 def measure(case: str) -> dict[str, int]:
     from titan_autopar import plan_model
-    from titan_autopar.cli import fake_mesh
+    from titan_autopar.fake_mesh import fake_mesh
     from titan_autopar.titan.models import build_model, global_batch
 
     flavor, seq, names, sizes, ac, dtype = CASES[case]

@@ -10,7 +10,7 @@ import torch.nn as nn
 import titan_autopar.graph.stamp as stamp
 from conftest import tiny_llama
 from titan_autopar import plan_model
-from titan_autopar.cli import fake_mesh
+from titan_autopar.fake_mesh import fake_mesh
 from titan_autopar.graph.manual import resolve_all
 from titan_autopar.graph.stamp import trace_step
 from titan_autopar.graph.trace import trace_joint

@@ -117,21 +117,6 @@ def check_writable(p: Path, flag: str = "--out") -> None:
                          f"choose another {flag}") from None
 
 
-def fake_mesh(names, sizes):
-    """A DeviceMesh of prod(sizes) simulated ranks (torch's fake process group)."""
-    import math
-
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    world = math.prod(sizes)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    return init_device_mesh("cpu", tuple(sizes), mesh_dim_names=tuple(names))
-
-
 def _calibrated_here(config, world: int) -> str:
     """A job's `hardware = "calibrate"` planned ahead: the profile its ranks measured on this
     machine, if one is cached; else say how to make one."""
@@ -205,6 +190,7 @@ def cmd_plan(a) -> int:
     if search:
         return _search(a, job, say)
     from titan_autopar import plan_with_options
+    from titan_autopar.fake_mesh import fake_mesh
     from titan_autopar.titan.models import build_model
 
     say(f"building {a.model} {a.flavor} on the meta device")
@@ -253,6 +239,7 @@ def _flag_options(a, names, sizes):
 def _search(a, job, say) -> int:
     """`plan --config X --search`: rank the job's degrees, write the winner's plan, its
     [parallelism] block and the table beside --out."""
+    from titan_autopar.fake_mesh import fake_mesh
     from titan_autopar.titan.degree_search import search_degrees, table
     from titan_autopar.titan.search_outputs import write_search_outputs
 
