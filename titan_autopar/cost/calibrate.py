@@ -42,16 +42,17 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
 import time
 from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 
+from titan_autopar.cost.calibrate_step import measure_step
 from titan_autopar.cost.hardware import Hardware
 from titan_autopar.cost.profile import (COLLECTIVES, is_profile_file, round2, this_machine,
                                         write_profile)
+from titan_autopar.cost.timing import ALL_GATHER, REDUCE_SCATTER, timed
 from titan_autopar.files import check_out_file
 
 SIZES = {"cpu": {"mm": [(256, 256, 256), (512, 256, 768), (512, 512, 1024)],
@@ -64,34 +65,6 @@ SIZES = {"cpu": {"mm": [(256, 256, 256), (512, 256, 768), (512, 512, 1024)],
                   "attn": [(1, 32, 4096, 128), (1, 32, 8192, 128)],
                   "loss": [(8192, 32768), (8192, 65536)],
                   "mem": 256 << 20, "msg": [1 << 20, 16 << 20, 64 << 20, 256 << 20]}}
-
-
-# torch 2.13 renamed the tensor forms of these two (the old names warn)
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
-def _sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn, device, group=None, reps: int = 3, trials: int = 5) -> float:
-    """Seconds per call of `fn`: the slowest rank's, median over `trials` of `reps` calls."""
-    fn()
-    _sync(device)
-    out = []
-    for _ in range(trials):
-        dist.barrier(group=group)
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        _sync(device)
-        t = torch.tensor([(time.perf_counter() - t0) / reps], dtype=torch.float64)
-        t = t.to(device) if device == "cuda" else t
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-        out.append(float(t.item()))
-    return statistics.median(out)
 
 
 def fit_line(xs, ts) -> tuple[float, float]:
@@ -206,10 +179,10 @@ def _collective(kind, group, k, nbytes, device):
     n = max(k, nbytes // 4 // k * k)
     if kind == "all_gather":
         inp, out = torch.ones(n // k, device=device), torch.empty(n, device=device)
-        fn = lambda: _ALL_GATHER(out, inp, group=group)  # noqa: E731
+        fn = lambda: ALL_GATHER(out, inp, group=group)  # noqa: E731
     elif kind == "reduce_scatter":
         inp, out = torch.ones(n, device=device), torch.empty(n // k, device=device)
-        fn = lambda: _REDUCE_SCATTER(out, inp, group=group)  # noqa: E731
+        fn = lambda: REDUCE_SCATTER(out, inp, group=group)  # noqa: E731
     elif kind == "all_reduce":
         buf = torch.ones(n, device=device)
         fn = lambda: dist.all_reduce(buf, group=group)  # noqa: E731
@@ -294,7 +267,6 @@ def calibrate(mesh_shape: tuple[int, ...], device: str, say=None) -> tuple[Hardw
         meas["shared_link"] = _shared_link(device, mesh.get_group(0), mesh.get_group(1),
                                            sz["msg"][-1])
     say("a small training step: alone, under FSDP2 on one rank, on all ranks")
-    from titan_autopar.cost.calibrate_step import measure_step
 
     in_step, fsdp_group, tp_linear, meas["collectives_in_step"] = measure_step(
         device, {(kind, k): (lat, spb) for kind, k, lat, spb in fits})

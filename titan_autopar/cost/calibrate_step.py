@@ -47,7 +47,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from titan_autopar.cost.calibrate import _ALL_GATHER, _REDUCE_SCATTER, timed
+from titan_autopar.cost.timing import ALL_GATHER, REDUCE_SCATTER, timed
 
 SIZES = {"cpu": {"dim": 256, "hidden": 768, "tokens": 512, "blocks": 6, "dtype": torch.float32},
          "cuda": {"dim": 4096, "hidden": 14336, "tokens": 8192, "blocks": 4, "dtype": torch.bfloat16}}
@@ -103,7 +103,7 @@ class _Counted:
         self._saved = {}
 
     def __enter__(self):
-        for kind, fn in (("all_gather", _ALL_GATHER), ("reduce_scatter", _REDUCE_SCATTER)):
+        for kind, fn in (("all_gather", ALL_GATHER), ("reduce_scatter", REDUCE_SCATTER)):
             name = fn.__name__
             self._saved[name] = fn
 
