@@ -130,6 +130,12 @@ def _full(local: torch.Tensor, mesh, placements, like: torch.Tensor) -> torch.Te
 
 
 def run_case(name: str, plan, mesh) -> dict:
+    """Every rank runs the parallel model and its collectives; the single-process reference is
+    run, and compared, on rank 0 alone (the only rank whose figures are written): the others
+    run it once, without gradients, for the output's shape."""
+    import torch.distributed as dist
+
+    lead = not dist.is_initialized() or dist.get_rank() == 0
     model, ref, inputs = build(name)
     model = apply_plan(model, plan, mesh, progress=lambda s: None)
     res: dict = {"init_equal": True}
@@ -140,8 +146,8 @@ def run_case(name: str, plan, mesh) -> dict:
     tying = getattr(getattr(model, "model_args", None), "enable_weight_tying", False)
     res["tied"] = (model.output.weight is model.tok_embeddings.weight) if tying else None
     res["parameters"] = [len(list(model.named_parameters())), len(list(ref.named_parameters()))]
-    res["init_equal"] = all(torch.equal(p.full_tensor(), q)
-                            for p, q in zip(model.parameters(), ref.parameters()))
+    full_params = [p.full_tensor() for p in model.parameters()]  # a collective: every rank
+    res["init_equal"] = lead and all(torch.equal(p, q) for p, q in zip(full_params, ref.parameters()))
     prog = model.autopar
     local_in = [local_slice(x, mesh, pl) for x, pl in zip(inputs, prog.input_placements)]
     model.eval()
@@ -153,6 +159,7 @@ def run_case(name: str, plan, mesh) -> dict:
     res["eval_requires_grad"] = out.requires_grad
     model.train()
     ref.train()
+    shape_of = r  # the output's global shape, for gathering it on every rank
     weight = torch.randn(r.shape, generator=torch.Generator().manual_seed(2))
     local_weight = local_slice(weight, mesh, prog.output_placement)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -166,34 +173,38 @@ def run_case(name: str, plan, mesh) -> dict:
         rxs = [x.detach().requires_grad_(grad_in and i in diff) for i, x in enumerate(inputs)]
         out = model(*xs)
         (out * local_weight).sum().backward()
-        r = ref(*rxs)
-        rl = (r * weight).sum()
-        rl.backward()
-        full = _full(out, mesh, prog.output_placement, r)
-        res["fwd_rel"].append(_rel(full, r.detach()))
-        errs = {n: _rel(p.grad.full_tensor(), q.grad)
-                for (n, p), q in zip(model.named_parameters(), ref.parameters())}
-        worst = max(errs, key=errs.get)
-        res["grad_rel"].append(errs[worst])
-        res["worst_grad"].append(worst)
-        res["loss"].append((full * weight).sum().item())
-        res["ref_loss"].append(rl.item())
-        if grad_in:
-            res["input_grad_rel"] = max(
-                _rel(_full(xs[i].grad, mesh, prog.input_placements[i], rxs[i]), rxs[i].grad)
-                for i in diff)
+        full = _full(out, mesh, prog.output_placement, shape_of)
+        grads = [p.grad.full_tensor() for p in model.parameters()]  # every rank
+        in_grads = [_full(xs[i].grad, mesh, prog.input_placements[i], rxs[i])
+                    for i in diff] if grad_in else []
+        if lead:
+            r = ref(*rxs)
+            rl = (r * weight).sum()
+            rl.backward()
+            res["fwd_rel"].append(_rel(full, r.detach()))
+            errs = {n: _rel(g, q.grad)
+                    for (n, _), g, q in zip(model.named_parameters(), grads, ref.parameters())}
+            worst = max(errs, key=errs.get)
+            res["grad_rel"].append(errs[worst])
+            res["worst_grad"].append(worst)
+            res["loss"].append((full * weight).sum().item())
+            res["ref_loss"].append(rl.item())
+            if grad_in:
+                res["input_grad_rel"] = max(_rel(g, rxs[i].grad) for g, i in zip(in_grads, diff))
         if step == 0:
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
             norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
             res["grad_norm"] = norm.item()
-            res["ref_grad_norm"] = torch.nn.utils.clip_grad_norm_(ref.parameters(), 1e9).item()
+            if lead:
+                res["ref_grad_norm"] = torch.nn.utils.clip_grad_norm_(ref.parameters(), 1e9).item()
             res["dtensor_grads"] = all(isinstance(p.grad, DTensor) and
                                        p.grad.placements == p.placements
                                        for p in model.parameters())
         opt.step()
-        ropt.step()
         opt.zero_grad()
-        ropt.zero_grad()
+        if lead:
+            ropt.step()
+            ropt.zero_grad()
     res["collectives"] = prog.collectives()
     res["mismatches"] = len(prog.local.mismatches)
     tagged = {n.name for n in prog.local.gm.graph.nodes if BLOCK_TAG in n.meta}

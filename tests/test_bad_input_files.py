@@ -518,6 +518,20 @@ def _switch(job):
     return plan_and_apply(tiny_llama(dim=64, layers=1, seq=16, n_heads=4), dims, job)
 
 
+@pytest.mark.parametrize("extra, says", [
+    (["--auto_parallel.hardware", "tpu9"], "unknown hardware preset 'tpu9'"),
+    (["--auto_parallel.plan_file", "no/such/plan.json"], "which does not exist"),
+    (["--auto_parallel.memory_budget_gib", "0.0001", "--training.seq_len", "16"],
+     "no plan fits a memory budget of 0.0001 GiB per rank"),
+])
+def test_the_switch_says_what_to_change(extra, says, tmp_path):
+    """What a job under the switch gets for an unknown preset, a plan_file that is not there and
+    a budget nothing fits (under torchrun: `tests/test_titan_auto.py`)."""
+    with pytest.raises(ValueError) as e:
+        _switch(_job(tmp_path, *extra))
+    assert says in str(e.value)
+
+
 @pytest.mark.parametrize("content", [b"my notes\n", USERS], ids=["text", "json"])
 def test_save_plan_over_a_users_file_stops_the_job_before_planning(content, tmp_path):
     notes = tmp_path / "notes.txt"

@@ -294,21 +294,13 @@ def test_moe_models_train_under_auto(model, tmp_path):
                           tmp_path / "preview.json") == ran
 
 
-ONE_RANK = ["--parallelism.data_parallel_shard_degree", "1"]  # what does not need four
-CPU_PRESET = ["--auto_parallel.hardware", "cpu"]  # no calibration of a one-rank job
-
-
-@pytest.mark.parametrize("nproc, args, says", [
-    (1, ["--auto_parallel.hardware", "tpu9", *ONE_RANK], "unknown hardware"),
-    (1, ["--auto_parallel.plan_file", "no/such/plan.json", *ONE_RANK, *CPU_PRESET], "does not exist"),
-    (1, ["--auto_parallel.memory_budget_gib", "0.001", *ONE_RANK, *CPU_PRESET], "budget"),
-    (4, ["--parallelism.tensor_parallel_degree", "2"], "set data_parallel_shard_degree = 2"),
-])
-def test_bad_auto_configs_say_what_to_change(nproc, args, says, tmp_path):
-    run = _run(AUTO, nproc, "--job.dump_folder", tmp_path, "--training.steps", 1, *args,
-               expect_ok=False, timeout=300)
+def test_a_bad_auto_config_says_what_to_change(tmp_path):
+    """Under torchrun the refusal reaches the user's terminal and the job ends (the switch's
+    other refusals, in-process: `tests/test_bad_input_files.py`)."""
+    run = _run(AUTO, 4, "--job.dump_folder", tmp_path, "--training.steps", 1,
+               "--parallelism.tensor_parallel_degree", 2, expect_ok=False, timeout=300)
     assert run.returncode != 0
-    assert says in run.stdout, run.stdout[-3000:]
+    assert "set data_parallel_shard_degree = 2" in run.stdout, run.stdout[-3000:]
 
 
 def test_stale_plan_file_is_refused_with_what_differs(trained, tmp_path):

@@ -15,8 +15,6 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
-
 from titan_autopar.titan.launch import launch, parse_losses
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,15 +84,14 @@ def test_deepseek_ep2_trains_like_the_recipe_and_checkpoints_cross(tmp_path):
         assert worst_rel(got, {3: auto[3]}) <= REL_TOL, (resumed, auto)
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--parallelism.expert_parallel_degree", "3"], "expert_parallel_degree (3) x "
-     "expert_tensor_parallel_degree (1) must divide data_parallel_shard_degree (4)"),
-    (["--parallelism.expert_parallel_degree", "2", "--auto_parallel.manual_modules",
-      "layers.*.experts_typo"], "matches no module of the model"),
-])
-def test_bad_expert_parallel_configs_say_what_to_change(args, says, tmp_path):
+def test_a_bad_expert_parallel_config_says_what_to_change(tmp_path):
+    """Under torchrun the refusal reaches the user's terminal, with no traceback before it (a
+    manual_modules pattern matching nothing: `tests/test_manual.py`, in-process)."""
+    says = ("expert_parallel_degree (3) x expert_tensor_parallel_degree (1) must divide "
+            "data_parallel_shard_degree (4)")
     run = launch(configs("deepseek_v3")[0], 4, ["--job.dump_folder", str(tmp_path),
-                                                "--training.steps", "1", *args],
+                                                "--training.steps", "1",
+                                                "--parallelism.expert_parallel_degree", "3"],
                  cwd=REPO, stream=False, timeout=600)
     assert run.returncode != 0 and says in run.stdout, run.stdout[-3000:]
     assert "Traceback" not in run.stdout.split(says)[0][-2000:]
