@@ -251,15 +251,11 @@ def test_a_plan_that_is_fsdps_schedule_runs_as_the_recipe(trained):
     plan gains nothing over FSDP's recipe, and TorchTitan runs the recipe -- from the same seed, the
     recipe's losses to the digit. With recipe_runtime = false the plan's own program runs it,
     within the usual tolerance."""
-    import subprocess
-    import sys
-
     root, fp32 = trained
     seed = root / "seed" / "checkpoint" / "step-0"
     priced = root / "tight_plan.json"
-    subprocess.run([sys.executable, "-m", "titan_autopar.cli", "plan", "--config", AUTO,
-                    "--hardware", "cpu", "--out", priced], cwd=REPO, check=True,
-                   capture_output=True)
+    assert cli(["plan", "--config", str(REPO / AUTO), "--hardware", "cpu", "--out",
+                str(priced)]) == 0
     budget = math.ceil(json.loads(priced.read_text())["recipes"]["fsdp"]["peak_memory_gib"]
                        * 1.02e4) / 1e4
     runs = {}
@@ -292,6 +288,9 @@ def test_moe_models_train_under_auto(model, tmp_path):
     # what `titan-autopar plan --config` previews is what ran, to the byte
     assert previewed_plan(f"train_configs/{model}_debug_cpu_auto4.toml",
                           tmp_path / "preview.json") == ran
+
+
+CPU_PRESET = ["--auto_parallel.hardware", "cpu"]  # priced by the preset, not this machine's profile
 
 
 def test_a_bad_auto_config_says_what_to_change(tmp_path):
