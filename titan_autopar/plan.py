@@ -135,7 +135,7 @@ class Plan:
 
     @property
     def recipe_schedule(self) -> str | None:
-        """"fsdp" where the plan is predicted less than 5% faster than the FSDP recipe
+        """"fsdp" where the plan is predicted less than `MIN_GAIN` faster than the FSDP recipe
         (`solve/recipe_schedule.py`): TorchTitan's switch then runs that recipe by default;
         else None."""
         rs = self.data.get("recipe_schedule")

@@ -1,37 +1,25 @@
-"""When a plan gains nothing the cost model can resolve over TorchTitan's FSDP recipe, and so
-runs as that recipe.
+"""When a plan runs as TorchTitan's FSDP recipe instead of as its own program.
 
 Both sides are priced as they run: the recipe with FSDP2's runtime per group as calibration
-measured it (`hardware.fsdp_group_overhead`, the recipe's `framework_s`), the plan's program of
+measures it (`hardware.fsdp_group_overhead`, the recipe's `framework_s`), the plan's program of
 local ops with its ops' launch floor and each collective's in-step overhead (a profile's
 `launch_overhead` and `collective_step_overhead`), which is what its runtime is made of: it has no
-hooks and no copies into flat buffers beyond its merged collectives. Measured on 4 CPU ranks,
-each side lies as close to its prediction as the other (`benchmarks/fidelity.py`, two runs:
-auto's own llama3 plans 8.5% under to 2% over their predicted step, FSDP's 14% under to 7%
-over), and the llama3 plans that keep gathered weights, predicted 7-10% faster than the
-recipe, measured 1.06-1.10x its throughput in the run where they ran as their program, and
-1.10-1.19x in `make demo`'s three-round A/Bs.
+hooks and no copies into flat buffers beyond its merged collectives.
 
-A plan is worth running as its own program only where it is predicted faster than the recipe
-by at least `MIN_GAIN` of the recipe's step: below that, one arm's spread from round to round
-and the prices' error (larger on MoE models) decide the order, not the plan. Where it is not
-(typically a budget too tight to keep gathered weights, which leaves FSDP's two gathers per
-weight and a plan 4% ahead; or deepseek_v3's data-parallel MoE blocks, 2-3% ahead), the plan
-says so (`recipe_schedule`) and TorchTitan's switch runs the job's FSDP recipe
-(`[auto_parallel] recipe_runtime`, default true), predicted as the recipe.
+The rule, stated here once: a plan runs as its own program only where it is predicted faster
+than the recipe by at least `MIN_GAIN` of the recipe's step. Where it is not (typically a budget
+too tight to keep gathered weights, which leaves FSDP's two gathers per weight), the plan says so
+(`recipe_schedule`) and TorchTitan's switch runs the job's FSDP recipe (`[auto_parallel]
+recipe_runtime`, default true), predicted as the recipe. Other docs link here.
 
-An earlier rule compared the plan with the recipe's schedule without FSDP2's runtime, on the
-view that the program's own runtime was unpriced and about as large. The llama3 plans then sat
-at 4-5.5% over that schedule, on either side of `MIN_GAIN` from one calibration to the next,
-and ran as the recipe in one fidelity run and as their program (1.06-1.10x) in the other.
-
-Only where the recipe is what TorchTitan would run on this mesh and the user left the choice to
-the planner: every mesh dim data-parallel, no manual region with its own distributed code (a
-MoE block planned "data_parallel" -- every MoE block of a job with expert_parallel_degree = 1
--- is what the recipe runs too: each rank routes its own tokens through experts FSDP gathers;
-a "user" or "torchtitan_ep" region is not), no parameter the user pinned, no parameter shared
-between modules (TorchTitan's FSDP recipe stops on tied weights: qwen3's dense flavor, "shared
-with a parameter already managed by another FSDP group"), the recipe within the budget.
+The rule applies only where the recipe is what TorchTitan would run on this mesh and the user
+left the choice to the planner: every mesh dim data-parallel, no manual region with its own
+distributed code (a MoE block planned "data_parallel" -- every MoE block of a job with
+expert_parallel_degree = 1 -- is what the recipe runs too: each rank routes its own tokens
+through experts FSDP gathers; a "user" or "torchtitan_ep" region is not), no parameter the user
+pinned, no parameter shared between modules (TorchTitan's FSDP recipe stops on tied weights:
+qwen3's dense flavor, "shared with a parameter already managed by another FSDP group"), the
+recipe within the budget.
 """
 
 from __future__ import annotations
@@ -40,10 +28,9 @@ from titan_autopar.solve.recipes import REPLICATE_DP, SHARD_DP
 
 RECIPE = "fsdp"
 # the least predicted gain over the recipe, as a share of its step, for which a plan runs as its
-# own program. A smaller one is not a prediction the model can make: it is under one arm's own
-# spread from round to round (4.3-4.6% at the median in benchmarks/fidelity.py) and under the
-# prices' error (up to 10% on llama3's arms, 8-15% on the MoE models' data-parallel ones);
-# deepseek_v3's plan, predicted 2.9% faster, measured 1.15x and then 0.96x the recipe.
+# own program. A smaller one is not a prediction the cost model can make: it lies under one arm's
+# own spread from round to round and under the prices' error, both measured by
+# benchmarks/fidelity.py on CPU ranks
 MIN_GAIN = 0.05
 
 

@@ -54,7 +54,8 @@ class AutoParallel:
     Programs stop by counted limits (gap, nodes), so plans do not depend on the machine's load;
     the guard only stops a runaway program, and the plan then says "time_guard"."""
     recipe_runtime: bool = True
-    """Where the plan is predicted less than 5% faster than the FSDP recipe (the
+    """Where the plan is predicted less than `MIN_GAIN` faster than the FSDP recipe (the rule:
+    `solve/recipe_schedule.py`) (the
     plan says `recipe_schedule`; typically a budget too tight to keep gathered weights), run the
     job's FSDP recipe under TorchTitan's FSDP2 instead of the plan's program; false runs the
     plan's program anyway. Other plans always run as their own program."""

@@ -15,7 +15,7 @@ With `auto = true`, `plan_and_apply`:
    `[auto_parallel] plan_file`,
 3. applies it (`apply_plan`) and returns the model, still on meta; TorchTitan then materialises
    it and calls `init_weights`, which gives the single-device weights for the job's seed. A plan
-   predicted less than 5% faster than FSDP's (`recipe_schedule`) runs as the model's recipe
+   predicted less than `MIN_GAIN` faster than FSDP's (`recipe_schedule`) runs as the model's recipe
    instead, under TorchTitan's FSDP2 (`[auto_parallel] recipe_runtime = false`: the plan's
    program).
 
@@ -340,7 +340,7 @@ def _plan(model, mesh, tokens, names, job_config, tag):
 
 def plan_and_apply(model, parallel_dims, job_config, recipe=None):
     """`auto = true`: plan (or replay) and apply; returns the model, parameters on meta. A plan
-    predicted less than 5% faster than FSDP's runs as `recipe` (the model's own parallelize
+    predicted less than `MIN_GAIN` faster than FSDP's runs as `recipe` (the model's own parallelize
     function), unless
     `[auto_parallel] recipe_runtime = false`."""
     from titan_autopar import apply_plan
