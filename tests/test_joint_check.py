@@ -22,7 +22,7 @@ import math
 import pytest
 import torch
 
-import titan_autopar.api as api
+import titan_autopar.solve.planner as planner
 from parity_models import DIM, MLP, Attention
 from titan_autopar import plan_model
 from titan_autopar.cost.hardware import GiB
@@ -99,8 +99,8 @@ def test_the_descent_is_within_one_percent_of_the_joint_optimum(case, mesh_of, d
         programs.append((pb, res, kw["budget_bytes"]))
         return res
 
-    solve_joint = api.solve_joint
-    monkeypatch.setattr(api, "solve_joint", spy)
+    solve_joint = planner.solve_joint
+    monkeypatch.setattr(planner, "solve_joint", spy)
     descent = plan_model(model, mesh, inputs, memory_budget_gib=budget, **QUIET)
     joint = plan_model(model, mesh, inputs, memory_budget_gib=budget, solver="joint", **QUIET)
 
