@@ -181,7 +181,7 @@ class Planner:
                  f"{len(pb.edges)} edges in {self.phases['enumerate']['seconds']:.2f}s")
         return pb, builder
 
-    def pin(self, pb, jg, pins: Pins, names, sizes) -> dict:
+    def pin(self, pb, jg, pins: Pins, names, sizes, param_units, shapes) -> dict:
         """Pins the inputs and the output (through the tangent that mirrors it) on their units;
         returns the user's parameter pins, each checked against its tensor and any manual
         region's declaration."""
@@ -189,8 +189,6 @@ class Planner:
             pb.units[pb.index[node]].pin = pl
         if pins.output is not None:
             pb.units[pb.index[jg.tangent_node]].pin = pins.output
-        param_units = self.param_units(pb)
-        shapes = {n: tuple(pb.units[i].outs[0].shape) for n, i in param_units.items()}
         user_pins = _parameter_pins(pins.parameters, shapes, names, sizes)
         for n, pl in user_pins.items():
             pb.units[param_units[n]].pin = pl
@@ -216,17 +214,17 @@ class Planner:
         return user_pins
 
     @staticmethod
-    def param_units(pb) -> dict[str, int]:
-        return {u.param_name: i for i, u in enumerate(pb.units) if u.kind == "param"}
+    def parameters(pb) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
+        """Each parameter's unit, and its shape."""
+        units = {u.param_name: i for i, u in enumerate(pb.units) if u.kind == "param"}
+        return units, {n: tuple(pb.units[i].outs[0].shape) for n, i in units.items()}
 
     # -- starts, descent, rank, keep --------------------------------------------------------
 
-    def price_recipes(self, pb, names, sizes, user_pins, loop_s):
+    def price_recipes(self, pb, names, sizes, param_units, shapes, user_pins, loop_s):
         """Each recipe's placements pinned and the rest descended; returns the starts
         [(recipe, assignment)] and the priced recipes."""
         s = self.s
-        param_units = self.param_units(pb)
-        shapes = {n: tuple(pb.units[i].outs[0].shape) for n, i in param_units.items()}
         rounds = 1 if s.effort == "screen" else 3
         has_tp = any(n in TENSOR for n in names)
         recipes = [r for r in RECIPES if r != "fsdp_tp" or has_tp]
@@ -319,10 +317,12 @@ class Planner:
         jg, blocks, key = self.trace(model, inputs, manual)
         blocks = self.blocks(jg, blocks, key)
         pb, builder = self.problem(jg, blocks, mesh[names[0]], names, sizes)
-        user_pins = self.pin(pb, jg, pins, names, sizes)
+        param_units, shapes = self.parameters(pb)
+        user_pins = self.pin(pb, jg, pins, names, sizes, param_units, shapes)
         t = time.perf_counter()
         loop_s = loop_seconds(pb.topo, names, self.s.loop_collectives)
-        starts, priced = self.price_recipes(pb, names, sizes, user_pins, loop_s)
+        starts, priced = self.price_recipes(pb, names, sizes, param_units, shapes, user_pins,
+                                            loop_s)
         candidates = self.descend_from_starts(pb, starts, priced, user_pins)
         start, assign = self.rank(pb, candidates)
         st = self.stats

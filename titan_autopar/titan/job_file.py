@@ -24,6 +24,7 @@ from titan_autopar.limits import MAX_MESH_RANKS
 from titan_autopar.titan.config_check import ConfigError, check_section, read_toml
 from titan_autopar.titan.config_keys import SWITCH_MODULE, check_keys
 from titan_autopar.titan.config_values import check_values
+from titan_autopar.titan.job_options import job_plan_options
 from titan_autopar.titan.manual_marks import check_job_regions
 
 FIELDS_MODULE = "titan_autopar.titan.config_fields"
@@ -42,14 +43,11 @@ FLAG_KEYS = {"model": ("model", "name"), "flavor": ("model", "flavor"),
 @dataclass(frozen=True)
 class PlanningJob:
     config: object  # TorchTitan's JobConfig, flags written in
-    source: str
     mesh_names: tuple[str, ...]
     mesh_sizes: tuple[int, ...]
 
     def options(self, model, names=None, sizes=None):
         """The PlanOptions this job plans `model` with on its mesh (or on `names` x `sizes`)."""
-        from titan_autopar.titan.job_options import job_plan_options
-
         return job_plan_options(self.config, names or self.mesh_names, sizes or self.mesh_sizes,
                                 model)
 
@@ -59,22 +57,12 @@ class PlanningJob:
     local_batch_size = property(lambda self: self.config.training.local_batch_size)
     hardware = property(lambda self: self.config.auto_parallel.hardware)
     memory_budget_gib = property(lambda self: self.config.auto_parallel.memory_budget_gib or None)
-    solver = property(lambda self: self.config.auto_parallel.solver)
-    time_limit_s = property(lambda self: self.config.auto_parallel.time_limit_s or None)
-    cp_attention = property(lambda self: self.config.auto_parallel.cp_attention)
     search_degrees = property(lambda self: self.config.auto_parallel.search_degrees)
     manual_modules = property(lambda self: tuple(self.config.auto_parallel.manual_modules))
     manual_style = property(lambda self: self.config.auto_parallel.manual_style)
     activation_checkpointing = property(lambda self: self.config.activation_checkpoint.mode)
-    log_freq = property(lambda self: self.config.metrics.log_freq)
     world_size = property(lambda self: math.prod(self.mesh_sizes))
     expert_parallel = property(lambda self: dict(zip(self.mesh_names, self.mesh_sizes)).get("ep", 1))
-
-    @property
-    def param_dtype(self) -> str | None:
-        """The compute dtype of mixed precision, None where it is fp32 (the parameters')."""
-        want = self.config.training.mixed_precision_param
-        return None if want == "float32" else want
 
 
 def with_flags(job: PlanningJob, flags: dict) -> PlanningJob:
@@ -87,7 +75,7 @@ def with_flags(job: PlanningJob, flags: dict) -> PlanningJob:
         setattr(getattr(job.config, section), key, value)
     if "mesh" in flags:
         names, sizes = flags["mesh"]
-        job = PlanningJob(job.config, job.source, tuple(names), tuple(sizes))
+        job = PlanningJob(job.config, tuple(names), tuple(sizes))
     return job
 
 
@@ -180,4 +168,4 @@ def planning_job(path: str | Path) -> PlanningJob:
     if world > MAX_MESH_RANKS:
         raise ConfigError(f"{path}: the [parallelism] degrees multiply to {world} ranks; a "
                           f"simulated cluster holds at most {MAX_MESH_RANKS}: lower them")
-    return PlanningJob(config, str(path), tuple(names), tuple(sizes))
+    return PlanningJob(config, tuple(names), tuple(sizes))
